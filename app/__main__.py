@@ -1,0 +1,44 @@
+"""``python -m app``: serve the chat (/) on one shared vLLM engine. ``--help`` lists the settings."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+
+def main(argv: list[str]) -> int:
+    from app.settings import SettingsError, help_text, load_settings
+
+    if "-h" in argv or "--help" in argv:
+        print(help_text())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = load_settings()
+    except SettingsError as exc:
+        print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
+        return 2
+
+    import uvicorn
+
+    from app.engine import EngineStartError
+    from app.server import build_services, create_app
+
+    try:
+        services = build_services(settings)
+    except (SettingsError, EngineStartError) as exc:
+        print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(services)
+    print(f"prefixdesk: serving on http://{settings.host}:{settings.port}", flush=True)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    finally:
+        services.close()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    sys.exit(main(sys.argv[1:]))

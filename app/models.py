@@ -1,0 +1,121 @@
+"""The database tables, as SQLAlchemy 2.x typed models. Schema changes go through app/migrations."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Template(Base):
+    __tablename__ = "templates"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    parent_id: Mapped[int | None] = mapped_column(ForeignKey("templates.id"))
+    language: Mapped[str] = mapped_column(String(16), default="zh")
+    pinned: Mapped[bool] = mapped_column(default=False)
+    published_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("template_versions.id", use_alter=True, name="fk_templates_published_version")
+    )
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    deleted_at: Mapped[datetime | None]
+
+    parent: Mapped[Template | None] = relationship(remote_side=[id])
+    versions: Mapped[list[TemplateVersion]] = relationship(
+        back_populates="template", foreign_keys="TemplateVersion.template_id", order_by="TemplateVersion.number"
+    )
+    published_version: Mapped[TemplateVersion | None] = relationship(foreign_keys=[published_version_id])
+
+
+class TemplateVersion(Base):
+    """An immutable text of a template; saving creates a new one."""
+
+    __tablename__ = "template_versions"
+    __table_args__ = (UniqueConstraint("template_id", "number"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    template_id: Mapped[int] = mapped_column(ForeignKey("templates.id"))
+    number: Mapped[int]
+    text: Mapped[str] = mapped_column(Text)
+    created_by: Mapped[str] = mapped_column(String(100), default="seed")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    template: Mapped[Template] = relationship(back_populates="versions", foreign_keys=[template_id])
+
+
+class Conversation(Base):
+    __tablename__ = "conversations"
+    __table_args__ = (Index("ix_conversations_session_key", "session_key"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    session_key: Mapped[str] = mapped_column(String(64))
+    template_id: Mapped[int] = mapped_column(ForeignKey("templates.id"))
+    title: Mapped[str] = mapped_column(String(200), default="")
+    tenant: Mapped[str] = mapped_column(String(100), default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    template: Mapped[Template] = relationship()
+    messages: Mapped[list[Message]] = relationship(back_populates="conversation", order_by="Message.id")
+
+
+class Message(Base):
+    __tablename__ = "messages"
+    __table_args__ = (Index("ix_messages_conversation_id", "conversation_id"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id"))
+    role: Mapped[str] = mapped_column(String(16))  # user | assistant
+    text: Mapped[str] = mapped_column(Text, default="")
+    template_version_id: Mapped[int | None] = mapped_column(ForeignKey("template_versions.id"))
+    prompt_tokens: Mapped[int | None]
+    num_cached_tokens: Mapped[int | None]
+    ttft_ms: Mapped[float | None]
+    output_tokens: Mapped[int | None]
+    decode_tokens_per_s: Mapped[float | None]
+    # user messages: ok. answers: generating -> ok | stopped | error
+    status: Mapped[str] = mapped_column(String(16), default="ok")
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    finished_at: Mapped[datetime | None]
+
+    conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class CacheSample(Base):
+    """One reading of the cache view, kept so the console's plots survive a restart."""
+
+    __tablename__ = "cache_samples"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    t: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    hit_rate: Mapped[float]
+    kv_cache_usage: Mapped[float]
+    blocks_used: Mapped[int]
+    blocks_cached: Mapped[int]
+    running: Mapped[int]
+    waiting: Mapped[int]
+    ttft_hit_ms: Mapped[float | None]
+    ttft_miss_ms: Mapped[float | None]
+    memory_bytes: Mapped[int]
+
+
+class AuditEntry(Base):
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    t: Mapped[datetime] = mapped_column(default=utcnow)
+    user: Mapped[str] = mapped_column(String(100))
+    action: Mapped[str] = mapped_column(String(50))
+    target: Mapped[str] = mapped_column(String(200))
+    before: Mapped[str | None] = mapped_column(Text)
+    after: Mapped[str | None] = mapped_column(Text)

@@ -1,0 +1,188 @@
+"""One validated Settings object, read once from the environment.
+
+Every setting is declared as data in ``SETTINGS`` (name, default, help), so the README table, the
+``python -m app --help`` text and the validation all come from the same place. This is the only
+module that reads ``os.environ``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ENV_PREFIX = "PREFIXDESK_"
+
+
+class SettingsError(ValueError):
+    """A setting has a value the app cannot run with; the message names the variable to fix."""
+
+
+def _parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in {"1", "true", "yes", "on"}:
+        return True
+    if value in {"0", "false", "no", "off", ""}:
+        return False
+    raise ValueError(f"expected true/false, got {raw!r}")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any] = str
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # Server
+    Setting("host", "127.0.0.1", "Address the web server listens on."),
+    Setting("port", 7860, "Port of the web server (chat at /, admin console at /admin).", int),
+    Setting("data_dir", "var", "Folder for the SQLite database, the demo model and other state."),
+    Setting("database_url", "", "SQLAlchemy URL of the database; empty means sqlite:///<data_dir>/prefixdesk.db."),
+    Setting("templates_dir", "templates", "Folder of template files that seed an empty database."),
+    Setting("ui_language", "zh", "Language of the chat and console text: zh or en."),
+    # Model
+    Setting("model", "", "Hugging Face id or local path of the model; empty uses the built-in demo model."),
+    Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model."),
+    Setting("dtype", "auto", "Weight and activation dtype (auto, bfloat16, float16, float32)."),
+    Setting("trust_remote_code", False, "Allow the model's own code (needed by Baichuan2).", _parse_bool),
+    Setting("load_format", "auto", "vLLM load format; 'dummy' loads random weights for benchmarks."),
+    Setting("tensor_parallel_size", 1, "Number of GPUs one model is split across.", int),
+    Setting("gpu_memory_utilization", 0.9, "Share of GPU memory vLLM may take (GPU only).", float),
+    Setting("max_model_len", 4096, "Context length in tokens: system prompt, history and answer together.", int),
+    Setting("block_size", 0, "Tokens per KV-cache block; 0 picks 32 on CPU and 16 on GPU.", int),
+    Setting("kv_cache_mib", 256, "KV-cache size in MiB on CPU machines (GPU sizes it from memory).", int),
+    Setting("kv_cache_dtype", "auto", "KV-cache dtype (auto, fp8).",),
+    Setting("max_num_seqs", 0, "Most requests vLLM runs at once; 0 picks 64 on CPU and 1024 on GPU.", int),
+    Setting("max_num_batched_tokens", 0, "Token budget of one engine step; 0 picks 4096 on CPU, 16384 on GPU.", int),
+    Setting("enforce_eager", True, "Skip torch.compile and CUDA graphs (fast start, slower steps).", _parse_bool),
+    Setting("cascade_attention", True, "Let vLLM read a shared prefix once per decode step (GPU).", _parse_bool),
+    # Generation
+    Setting("max_tokens", 256, "Most tokens in one answer.", int),
+    Setting("temperature", 0.7, "Sampling temperature of answers.", float),
+    Setting("top_p", 0.9, "Nucleus sampling threshold of answers.", float),
+    Setting("seed", 0, "Seed of the engine's sampler.", int),
+    Setting("max_concurrent_requests", 64, "Answers generated at once; more are told the desk is busy.", int),
+    Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str
+    port: int
+    data_dir: Path
+    database_url: str
+    templates_dir: Path
+    ui_language: str
+    model: str
+    tokenizer: str
+    dtype: str
+    trust_remote_code: bool
+    load_format: str
+    tensor_parallel_size: int
+    gpu_memory_utilization: float
+    max_model_len: int
+    block_size: int
+    kv_cache_mib: int
+    kv_cache_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    cascade_attention: bool
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+    max_concurrent_requests: int
+    drop_oldest_turns: bool
+
+    @property
+    def uses_demo_model(self) -> bool:
+        return not self.model
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied and validated again."""
+        return _validated(dataclasses.replace(self, **changes))
+
+
+def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+    """Build the Settings from ``environ`` (default: the process environment) and ``overrides``.
+
+    Raises SettingsError naming the environment variable of the first bad value.
+    """
+    environ = os.environ if environ is None else environ
+    values: dict[str, Any] = {}
+    for setting in SETTINGS:
+        if setting.name in overrides:
+            values[setting.name] = overrides.pop(setting.name)
+        elif setting.env in environ:
+            try:
+                values[setting.name] = setting.parse(environ[setting.env])
+            except ValueError as exc:
+                raise SettingsError(f"{setting.env}: {exc}. {setting.help}") from None
+        else:
+            values[setting.name] = setting.default
+    if overrides:
+        raise TypeError(f"unknown settings: {', '.join(sorted(overrides))}")
+    values["data_dir"] = Path(values["data_dir"])
+    values["templates_dir"] = Path(values["templates_dir"])
+    if not values["database_url"]:
+        values["database_url"] = f"sqlite:///{values['data_dir'] / 'prefixdesk.db'}"
+    return _validated(Settings(**values))
+
+
+def _validated(settings: Settings) -> Settings:
+    def fail(name: str, problem: str) -> None:
+        setting = next(s for s in SETTINGS if s.name == name)
+        raise SettingsError(f"{setting.env} {problem}. {setting.help}")
+
+    if not 0 < settings.port < 65536:
+        fail("port", f"must be between 1 and 65535, not {settings.port}")
+    if settings.ui_language not in ("zh", "en"):
+        fail("ui_language", f"must be zh or en, not {settings.ui_language!r}")
+    if settings.tensor_parallel_size < 1:
+        fail("tensor_parallel_size", "must be at least 1")
+    if not 0 < settings.gpu_memory_utilization <= 1:
+        fail("gpu_memory_utilization", "must be in (0, 1]")
+    if settings.max_model_len < 256:
+        fail("max_model_len", f"must be at least 256 tokens, not {settings.max_model_len}")
+    if settings.block_size < 0 or settings.block_size % 16:
+        fail("block_size", f"must be 0 or a multiple of 16 (32 on CPU), not {settings.block_size}")
+    if settings.kv_cache_mib < 1:
+        fail("kv_cache_mib", "must be at least 1")
+    if settings.max_tokens < 1 or settings.max_tokens >= settings.max_model_len:
+        fail("max_tokens", f"must be between 1 and max_model_len - 1 ({settings.max_model_len - 1})")
+    if not 0 <= settings.temperature <= 2:
+        fail("temperature", "must be between 0 and 2")
+    if not 0 < settings.top_p <= 1:
+        fail("top_p", "must be in (0, 1]")
+    if settings.max_concurrent_requests < 1:
+        fail("max_concurrent_requests", "must be at least 1")
+    if settings.model and not _looks_like_hub_id(settings.model) and not Path(settings.model).exists():
+        fail("model", f"points to {settings.model!r}, which does not exist; give a local model folder or a hub id")
+    return settings
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    # "org/name" with no leading ./ or / is a hub id; anything else is a path.
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "/", "~"))
+
+
+def help_text() -> str:
+    """Every setting with its variable, default and help, as ``python -m app --help`` prints it."""
+    lines = ["prefixdesk settings (environment variables):", ""]
+    for s in SETTINGS:
+        lines.append(f"  {s.env} (default {s.default!r})")
+        lines.append(f"      {s.help}")
+    return "\n".join(lines)
