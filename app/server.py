@@ -67,6 +67,9 @@ def create_app(services: Services) -> FastAPI:
                 "num_blocks": info.num_blocks}
         return JSONResponse(body, status_code=200 if ok else 503)
 
+    from app.openai_api import build_openai_router
+
+    app.include_router(build_openai_router(services.desk))  # /v1: OpenAI-compatible chat on the templates
     chat = build_chat(services.desk, services.engine.info, language=services.settings.ui_language)
     chat.queue(default_concurrency_limit=None)
     return gr.mount_gradio_app(app, chat, path="", footer_links=[])

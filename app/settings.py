@@ -30,6 +30,10 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(f"expected true/false, got {raw!r}")
 
 
+def _parse_optional_bool(raw: str) -> bool | None:
+    return None if not raw.strip() else _parse_bool(raw)
+
+
 @dataclass(frozen=True)
 class Setting:
     name: str
@@ -61,11 +65,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_model_len", 4096, "Context length in tokens: system prompt, history and answer together.", int),
     Setting("block_size", 0, "Tokens per KV-cache block; 0 picks 32 on CPU and 16 on GPU.", int),
     Setting("kv_cache_mib", 256, "KV-cache size in MiB on CPU machines (GPU sizes it from memory).", int),
-    Setting("kv_cache_dtype", "auto", "KV-cache dtype (auto, fp8).",),
+    Setting("kv_cache_dtype", "", "KV-cache dtype (auto, fp8); empty picks auto on CPU and fp8 on GPU."),
     Setting("max_num_seqs", 0, "Most requests vLLM runs at once; 0 picks 64 on CPU and 1024 on GPU.", int),
     Setting("max_num_batched_tokens", 0, "Token budget of one engine step; 0 picks 4096 on CPU, 16384 on GPU.", int),
-    Setting("enforce_eager", True, "Skip torch.compile and CUDA graphs (fast start, slower steps).", _parse_bool),
+    Setting("enforce_eager", None, "Skip torch.compile and CUDA graphs (fast start, slower steps); "
+            "empty picks true on CPU and false on GPU.", _parse_optional_bool),
     Setting("cascade_attention", True, "Let vLLM read a shared prefix once per decode step (GPU).", _parse_bool),
+    Setting("prefix_caching", True, "Reuse cached prompt blocks across requests; off only to measure what reuse buys.",
+            _parse_bool),
+    Setting("cuda_graph_max_batch", 0, "Largest batch captured as a CUDA graph (GPU); 0 picks max_num_seqs on GPU.",
+            int),
+    Setting("stream_interval", 1, "Tokens vLLM gathers before handing a stream more text; 1 sends each at once.", int),
     # Generation
     Setting("max_tokens", 256, "Most tokens in one answer.", int),
     Setting("temperature", 0.7, "Sampling temperature of answers.", float),
@@ -97,8 +107,11 @@ class Settings:
     kv_cache_dtype: str
     max_num_seqs: int
     max_num_batched_tokens: int
-    enforce_eager: bool
+    enforce_eager: bool | None  # None: true on CPU, false on GPU
     cascade_attention: bool
+    prefix_caching: bool
+    cuda_graph_max_batch: int
+    stream_interval: int
     max_tokens: int
     temperature: float
     top_p: float
@@ -158,6 +171,12 @@ def _validated(settings: Settings) -> Settings:
         fail("max_model_len", f"must be at least 256 tokens, not {settings.max_model_len}")
     if settings.block_size < 0 or settings.block_size % 16:
         fail("block_size", f"must be 0 or a multiple of 16 (32 on CPU), not {settings.block_size}")
+    if settings.kv_cache_dtype not in ("", "auto") and not settings.kv_cache_dtype.startswith("fp8"):
+        fail("kv_cache_dtype", f"must be empty, auto or an fp8 type, not {settings.kv_cache_dtype!r}")
+    if settings.cuda_graph_max_batch < 0:
+        fail("cuda_graph_max_batch", "must be 0 or more")
+    if settings.stream_interval < 1:
+        fail("stream_interval", "must be at least 1")
     if settings.kv_cache_mib < 1:
         fail("kv_cache_mib", "must be at least 1")
     if settings.max_tokens < 1 or settings.max_tokens >= settings.max_model_len:

@@ -1,0 +1,118 @@
+"""A short live A/B on a running engine: the template's prefix warm in the cache against no reuse.
+
+``run_ab`` is pure asyncio and imports no UI, so an admin panel (or a test, or a script) can call
+it on the app's own engine while the app serves. Both arms send the same questions; the cold arm
+gives every request its own ``cache_salt``, so none of them can reuse a block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.bench.workload import questions as default_questions
+from app.engine import Delta, Engine, RequestStats
+from app.prompts import PromptBuilder, system_text
+
+
+@dataclass(frozen=True)
+class ArmResult:
+    """One arm of the A/B: per-request first-token times and cached tokens, in request order."""
+
+    ttft_ms: tuple[float, ...]
+    num_cached_tokens: tuple[int, ...]
+    prompt_tokens: tuple[int, ...]
+    output_tokens: int
+    wall_s: float
+
+    @property
+    def req_per_s(self) -> float:
+        return len(self.ttft_ms) / self.wall_s if self.wall_s else 0.0
+
+    @property
+    def output_tok_per_s(self) -> float:
+        return self.output_tokens / self.wall_s if self.wall_s else 0.0
+
+
+@dataclass(frozen=True)
+class ABResult:
+    """Warm prefix (A) against unique cache salts (B) on the same engine, questions and settings."""
+
+    prefix_tokens: int  # tokens of the template's system segment
+    warm: ArmResult
+    cold: ArmResult
+
+    @property
+    def ttft_speedup(self) -> float:
+        """Median cold TTFT over median warm TTFT."""
+        return _median(self.cold.ttft_ms) / _median(self.warm.ttft_ms)
+
+    @property
+    def throughput_ratio(self) -> float:
+        return self.warm.req_per_s / self.cold.req_per_s if self.cold.req_per_s else 0.0
+
+
+async def run_ab(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], n_requests: int = 8, *,
+                 concurrency: int = 4, max_tokens: int = 16, questions: Sequence[str] | None = None) -> ABResult:
+    """Run ``n_requests`` questions twice on ``engine``: prefix warm (A), then each with a fresh salt (B).
+
+    The warm arm first computes the prefix with one 1-token request. Both arms run ``concurrency``
+    requests at a time and ignore EOS, so every answer is ``max_tokens`` long. Raises ValueError for
+    fewer than one request, and the engine's own errors (EngineBusy, EngineError) as they come.
+    """
+    if n_requests < 1 or concurrency < 1:
+        raise ValueError("run_ab needs at least one request and a concurrency of at least one")
+    system = system_text(template_chain)
+    qs = list(questions) if questions is not None else default_questions(n_requests, seed=11)
+    if len(qs) < n_requests:
+        raise ValueError(f"run_ab got {len(qs)} questions for {n_requests} requests")
+    token_ids = [prompts.build(system, [], q).token_ids for q in qs[:n_requests]]
+    warm_up = prompts.build(system, [], "你好")
+    await _one(engine, warm_up.token_ids, 1, None)
+    warm = await _arm(engine, token_ids, max_tokens, concurrency, salted=False)
+    cold = await _arm(engine, token_ids, max_tokens, concurrency, salted=True)
+    return ABResult(prefix_tokens=warm_up.prefix_tokens, warm=warm, cold=cold)
+
+
+async def _arm(engine: Engine, token_ids: list[list[int]], max_tokens: int, concurrency: int,
+               salted: bool) -> ArmResult:
+    run_id = uuid.uuid4().hex[:12]
+    gate = asyncio.Semaphore(concurrency)
+    started = time.perf_counter()
+
+    async def limited(i: int) -> tuple[float, RequestStats]:
+        async with gate:
+            return await _one(engine, token_ids[i], max_tokens, f"ab-{run_id}-{i}" if salted else None)
+
+    results = await asyncio.gather(*(limited(i) for i in range(len(token_ids))))
+    wall = time.perf_counter() - started
+    return ArmResult(
+        ttft_ms=tuple(ttft for ttft, _ in results),
+        num_cached_tokens=tuple(s.num_cached_tokens for _, s in results),
+        prompt_tokens=tuple(s.prompt_tokens for _, s in results),
+        output_tokens=sum(s.output_tokens for _, s in results),
+        wall_s=wall,
+    )
+
+
+async def _one(engine: Engine, token_ids: list[int], max_tokens: int, salt: str | None) -> tuple[float, RequestStats]:
+    stats = None
+    stream = engine.stream(token_ids, max_tokens=max_tokens, cache_salt=salt, ignore_eos=True)
+    async with contextlib.aclosing(stream):
+        async for event in stream:
+            if isinstance(event, RequestStats):
+                stats = event
+            elif not isinstance(event, Delta):
+                raise TypeError(f"unexpected engine event {event!r}")
+    assert stats is not None  # Engine.stream always ends with its stats
+    return stats.ttft_ms, stats
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2

@@ -1,0 +1,198 @@
+"""The article's workload: long shared system prompts, short distinct questions, fixed-length answers.
+
+A workload is a list of ``BenchRequest``s (which template, which question, which cache salt) and
+the templates they name. Three modes reproduce the article's three rows:
+
+* ``none``: every request carries its own ``cache_salt``, so vLLM shares no block between them;
+* ``static``: a few templates, each warmed once before the run;
+* ``dynamic``: more templates than the KV cache holds, Zipf-skewed traffic, and a few pinned
+  templates that the load generator keeps warm while the rest compete for the cache.
+
+Everything here is pure and deterministic for a given seed; nothing imports vLLM or a UI.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from app import template_files
+from app.prompts import system_text
+
+MODES = ("none", "static", "dynamic")
+TEMPLATE_SETS = ("ecommerce", "long", "family")
+DEFAULT_TEMPLATE = "电商客服"
+LONG_TEMPLATE_TOKENS = 2000
+
+_PRODUCTS = ("蓝牙耳机", "智能手机", "羽绒服", "运动鞋", "电饭煲", "笔记本电脑", "洗面奶", "行李箱",
+             "护眼台灯", "儿童积木", "机械键盘", "空气炸锅", "登山背包", "真丝围巾", "扫地机器人", "保温杯")
+_ISSUES = ("收到后发现外壳有划痕", "尺码偏小穿不上", "到现在还没有发货", "物流三天没有更新",
+           "今天降价了一百块", "需要开增值税专用发票", "外包装破损严重", "少发了一个充电器",
+           "用了两天就无法开机", "颜色和商品页图片不一样")
+_ASKS = ("应该怎么处理", "可以退货吗", "运费由谁承担", "退款多久能到账", "需要提供什么材料",
+         "能不能换一个新的", "可以申请价保吗", "能帮我催一下吗")
+_CATALOGUE_ITEMS = ("旗舰款", "标准款", "青春款", "礼盒装", "家庭装", "便携款", "升级款", "限定款")
+_SHOP_NAME = "优选商城"
+
+
+@dataclass(frozen=True)
+class BenchTemplate:
+    """A template as the benchmark sends it: its name and its chain of texts, root first."""
+
+    name: str
+    chain: tuple[str, ...]
+    pinned: bool = False
+
+    @property
+    def system(self) -> str:
+        return system_text(self.chain)
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    index: int
+    template: str
+    question: str
+    cache_salt: str | None  # set in mode "none": a private cache namespace per request
+
+
+@dataclass(frozen=True)
+class Workload:
+    mode: str
+    templates: tuple[BenchTemplate, ...]
+    requests: tuple[BenchRequest, ...]
+    warm_first: tuple[str, ...]  # templates computed once before the run starts
+    keep_warm: tuple[str, ...]  # templates re-warmed during the run (dynamic mode's pinned ones)
+
+    def template(self, name: str) -> BenchTemplate:
+        return next(t for t in self.templates if t.name == name)
+
+
+class WorkloadError(ValueError):
+    """The workload options do not make sense together; the message names the option."""
+
+
+def questions(n: int, *, seed: int = 0) -> list[str]:
+    """``n`` distinct customer questions of 20-40 tokens (Qwen tokenizer), like the article's users."""
+    rng = random.Random(seed)
+    out: list[str] = []
+    seen: set[str] = set()
+    while len(out) < n:
+        q = (f"你好，我{rng.randint(1, 29)}天前买的{rng.choice(_PRODUCTS)}（订单尾号{rng.randint(0, 9999):04d}）"
+             f"{rng.choice(_ISSUES)}，请问{rng.choice(_ASKS)}？")
+        if q not in seen:
+            seen.add(q)
+            out.append(q)
+    return out
+
+
+def base_templates(templates_dir: Path) -> dict[str, BenchTemplate]:
+    """The repository's template files as chains (parents first), keyed by name."""
+    files = template_files.read_folder(templates_dir)
+    by_name = {f.name: f for f in files}
+    out: dict[str, BenchTemplate] = {}
+    for f in files:
+        chain: list[str] = []
+        node = f
+        while node is not None:
+            chain.insert(0, node.text)
+            node = by_name.get(node.parent) if node.parent else None
+        out[f.name] = BenchTemplate(f.name, tuple(chain), f.pinned)
+    return out
+
+
+def template_set(kind: str, templates_dir: Path, count_tokens: Callable[[str], int]) -> list[BenchTemplate]:
+    """The templates of one workload: ``ecommerce`` (~600 tokens), ``long`` (~2,000) or ``family``.
+
+    ``family`` is the two-level family of the repository: a shared parent and its children, so
+    requests share the parent's blocks and, per child, the child's.
+    """
+    base = base_templates(templates_dir)
+    if kind == "ecommerce":
+        return [base[DEFAULT_TEMPLATE]]
+    if kind == "long":
+        return [long_template(base[DEFAULT_TEMPLATE], count_tokens, LONG_TEMPLATE_TOKENS)]
+    if kind == "family":
+        children = [t for t in base.values() if len(t.chain) > 1]
+        if not children:
+            raise WorkloadError(f"{templates_dir} has no template with a parent; 'family' needs one")
+        return children
+    raise WorkloadError(f"--templates must be one of {', '.join(TEMPLATE_SETS)}, not {kind!r}")
+
+
+def long_template(base: BenchTemplate, count_tokens: Callable[[str], int], target_tokens: int) -> BenchTemplate:
+    """``base`` followed by a generated product catalogue, grown until it has ``target_tokens``."""
+    rng = random.Random(7)
+    lines = [base.system, "", "七、在售商品目录（回答价格与库存问题时以此为准）"]
+    i = 0
+    while count_tokens("\n".join(lines)) < target_tokens:
+        i += 1
+        product = _PRODUCTS[i % len(_PRODUCTS)]
+        lines.append(f"{i}. {product}{_CATALOGUE_ITEMS[i % len(_CATALOGUE_ITEMS)]}：售价{rng.randint(19, 4999)}元，"
+                     f"库存{rng.randint(0, 500)}件，{rng.choice(_ISSUES[:3])}时按第一、三条处理。")
+    return BenchTemplate(f"{base.name}-长版", ("\n".join(lines),))
+
+
+def shop_variants(base: BenchTemplate, n: int) -> list[BenchTemplate]:
+    """``n`` templates that differ from ``base`` in the shop's name near the start, so none share blocks."""
+    out = []
+    for i in range(n):
+        shop = f"{_SHOP_NAME}第{i + 1:03d}号店"
+        out.append(BenchTemplate(f"{base.name}-{i + 1:03d}", tuple(t.replace(_SHOP_NAME, shop) for t in base.chain)))
+    return out
+
+
+def build_workload(
+    mode: str,
+    templates: Sequence[BenchTemplate],
+    n_requests: int,
+    *,
+    seed: int = 0,
+    dynamic_templates: int = 0,
+    pinned: int = 2,
+    zipf_s: float = 1.1,
+    salt_prefix: str = "bench",
+) -> Workload:
+    """The requests of one mode. Templates are chosen round-robin, or Zipf-skewed in ``dynamic``.
+
+    In ``dynamic`` mode ``templates[0]`` is copied into ``dynamic_templates`` shop variants; the
+    ``pinned`` most popular are kept warm.
+    """
+    if mode not in MODES:
+        raise WorkloadError(f"--modes takes {', '.join(MODES)}, not {mode!r}")
+    if n_requests < 1:
+        raise WorkloadError("--num-requests must be at least 1")
+    qs = questions(n_requests, seed=seed)
+    rng = random.Random(seed + 1)
+    if mode == "dynamic":
+        if dynamic_templates < 2:
+            raise WorkloadError("dynamic mode needs --dynamic-templates of at least 2")
+        variants = shop_variants(templates[0], dynamic_templates)
+        pinned = max(0, min(pinned, dynamic_templates))
+        variants = [BenchTemplate(t.name, t.chain, pinned=i < pinned) for i, t in enumerate(variants)]
+        weights = [1.0 / (rank + 1) ** zipf_s for rank in range(len(variants))]
+        picks = rng.choices(range(len(variants)), weights=weights, k=n_requests)
+        requests = tuple(BenchRequest(i, variants[k].name, q, None) for i, (k, q) in enumerate(zip(picks, qs)))
+        keep = tuple(t.name for t in variants if t.pinned)
+        return Workload(mode, tuple(variants), requests, warm_first=keep, keep_warm=keep)
+    names = [t.name for t in templates]
+    requests = tuple(
+        BenchRequest(i, names[i % len(names)], q, f"{salt_prefix}-{i}" if mode == "none" else None)
+        for i, q in enumerate(qs)
+    )
+    warm = tuple(names) if mode == "static" else ()
+    return Workload(mode, tuple(templates), requests, warm_first=warm, keep_warm=())
+
+
+def poisson_arrivals(rate_per_s: float, n: int, *, seed: int = 0) -> list[float]:
+    """Send times in seconds from the start for ``n`` requests of a Poisson process at ``rate_per_s``."""
+    if rate_per_s <= 0:
+        raise WorkloadError(f"--rate must be above 0, not {rate_per_s}")
+    rng = random.Random(seed + 2)
+    t, out = 0.0, []
+    for _ in range(n):
+        out.append(t)
+        t += rng.expovariate(rate_per_s)
+    return out

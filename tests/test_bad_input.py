@@ -1,0 +1,105 @@
+"""Bad input gets a message that says what to do, the app stays up, and nothing is lost."""
+
+import time
+
+import pytest
+import sqlite_utils
+from gradio_client import Client
+
+from app.prompts import PromptTooLong, Turn, system_text
+
+
+@pytest.fixture(scope="module")
+def client(server_url):
+    return Client(server_url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def db(settings):
+    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
+
+
+def send(client, message, template="电商客服", history=None):
+    return client.predict(message, history or [], template, None, api_name="/chat")
+
+
+def count(db, table):
+    return db[table].count
+
+
+@pytest.mark.parametrize("message", ["", "   ", "\n\t \n"])
+def test_empty_message_is_refused_and_nothing_is_stored(client, db, message):
+    before = count(db, "messages")
+    out = send(client, message)
+    assert out == {"text": "", "done": True, "status": "rejected", "error": "Please type a question before sending."}
+    assert count(db, "messages") == before
+
+
+def test_unknown_template_names_the_ones_that_exist(client, db):
+    before = count(db, "messages")
+    out = send(client, "你好", template="不存在的模板")
+    assert out["status"] == "rejected"
+    assert out["error"] == (
+        "There is no published template named '不存在的模板'. "
+        "Choose one of: 商城通用规则, 服装鞋包, 电商客服, 电子产品, support-en."
+    )
+    assert count(db, "messages") == before
+
+
+def test_message_longer_than_the_context_is_stored_with_the_numbers(client, db, services):
+    message = "退" * 3000  # one token per character with the demo tokenizer
+    out = send(client, message)
+    assert out["status"] == "error"
+    system = system_text(services.store.get_published("电商客服").chain)
+    with pytest.raises(PromptTooLong) as exc:
+        services.prompts.build(system, [], message)
+    needed, limit = exc.value.num_tokens, exc.value.limit
+    assert limit == services.settings.max_model_len - 16
+    one_char = len(services.prompts.build(system, [], "退").token_ids)
+    assert needed == one_char + 2999
+    assert out["error"] == (
+        f"This message is too long: with the system prompt it needs {needed:,} tokens, "
+        f"{needed - limit:,} more than the {limit:,} this model allows. Please shorten it."
+    )
+    user = db["messages"].get(out["message_id"] - 1)
+    assert user["role"] == "user" and user["text"] == message  # the user's words are kept
+    assert db["messages"].get(out["message_id"])["status"] == "error"
+
+
+def test_long_history_drops_the_oldest_turns_but_never_the_system_prompt(client, services):
+    turn = "我的订单号是123456，请帮我查询物流。" * 20
+    history = []
+    for i in range(12):
+        history += [{"role": "user", "content": f"{i}:{turn}"}, {"role": "assistant", "content": turn}]
+    out = send(client, "现在到哪里了？", history=history)
+    assert out["status"] == "ok"
+    # Each exchange is ~740 tokens: with the 1,042-token system prompt only the newest one fits in 2,048.
+    system = system_text(services.store.get_published("电商客服").chain)
+    turns = [Turn(m["role"], m["content"]) for m in history]
+    assert services.prompts.build(system, turns[-2:], "现在到哪里了？").dropped_turns == 0
+    assert services.prompts.build(system, turns[-4:], "现在到哪里了？").dropped_turns == 1
+    assert out["dropped_turns"] == 11
+    assert out["prompt_tokens"] <= services.settings.max_model_len - 16
+    prefix = len(services.desk.prefix_ids(services.store.get_published("电商客服")))
+    assert out["num_cached_tokens"] >= prefix // 32 * 32
+
+
+def test_more_answers_than_the_cap_get_a_busy_message(server_url, engine, db):
+    engine.max_concurrent_requests = 1
+    try:
+        slow = Client(server_url, verbose=False).submit("请介绍一下退货流程", [], "电商客服", None, api_name="/chat")
+        while not slow.outputs():
+            time.sleep(0.005)
+        out = send(Client(server_url, verbose=False), "还有人吗？")
+        slow.result()
+    finally:
+        engine.max_concurrent_requests = 64
+    assert out["status"] == "error"
+    assert out["error"].startswith("The help desk is busy right now: the help desk is busy (1 answers in progress)")
+    assert db["messages"].get(out["message_id"] - 1)["text"] == "还有人吗？"  # stored all the same
+
+
+def test_control_characters_are_removed_before_storing(client, db):
+    out = send(client, "退货\x00\x07流程\u200b？")
+    assert out["status"] == "ok"
+    assert db["messages"].get(out["message_id"] - 1)["text"] == "退货流程？"

@@ -1,0 +1,99 @@
+"""The scriptable /chat endpoint against a real server: streaming, stored rows, stop, concurrency."""
+
+import re
+import threading
+import time
+
+import pytest
+import sqlite_utils
+from gradio_client import Client
+
+
+@pytest.fixture(scope="module")
+def client(server_url):
+    return Client(server_url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def db(settings):
+    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
+
+
+def chat(client, message, template="电商客服", history=None, conversation_id=None):
+    job = client.submit(message, history or [], template, conversation_id, api_name="/chat")
+    updates = list(job)
+    return updates, job.outputs()[-1]
+
+
+def test_answer_streams_deltas_and_its_caption_matches_the_stored_row(client, db):
+    updates, final = chat(client, "我想申请价格保护，需要什么材料？")
+    partial = [u for u in updates if not u["done"]]
+    assert len(partial) >= 2  # deltas arrived before the end
+    assert partial[0]["text"] != final["text"] and final["text"].startswith(partial[0]["text"])
+    assert final["status"] == "ok"
+
+    row = db["messages"].get(final["message_id"])
+    assert row["role"] == "assistant" and row["status"] == "ok" and row["text"] == final["text"]
+    cached, prompt, ttft, rate = re.fullmatch(
+        r"缓存命中 (\d+) / (\d+) 个提示 token · 首 token (\d+) ms · (\d+) tok/s", final["caption"]
+    ).groups()
+    assert int(cached) == row["num_cached_tokens"]
+    assert int(prompt) == row["prompt_tokens"]
+    assert int(ttft) == round(row["ttft_ms"])
+    assert int(rate) == round(row["decode_tokens_per_s"])
+    user = db["messages"].get(final["message_id"] - 1)
+    assert user["role"] == "user" and user["text"] == "我想申请价格保护，需要什么材料？"
+    assert user["conversation_id"] == row["conversation_id"] == final["conversation_id"]
+
+
+def test_second_turn_continues_the_conversation_with_its_history(client, db):
+    _, first = chat(client, "发票多久能开出来？")
+    history = [{"role": "user", "content": "发票多久能开出来？"}, {"role": "assistant", "content": first["text"]}]
+    _, second = chat(client, "可以换开抬头吗？", history=history, conversation_id=first["conversation_id"])
+    assert second["conversation_id"] == first["conversation_id"]
+    assert second["prompt_tokens"] > first["prompt_tokens"]
+    rows = list(db["messages"].rows_where("conversation_id = ?", [first["conversation_id"]], order_by="id"))
+    assert [(r["role"], r["status"]) for r in rows] == [("user", "ok"), ("assistant", "ok")] * 2
+
+
+def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(client, db, engine):
+    job = client.submit("请详细介绍一下会员积分规则", [], "电商客服", None, api_name="/chat")
+    deadline = time.monotonic() + 30
+    while not job.outputs() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    partial = job.outputs()[-1]
+    assert partial["done"] is False
+    job.cancel()
+    rows = []
+    while time.monotonic() < deadline:
+        rows = list(db["messages"].rows_where("conversation_id = ? and role = 'assistant'", [partial["conversation_id"]]))
+        if rows and rows[0]["status"] != "generating" and engine.num_unfinished_requests() == 0:
+            break
+        time.sleep(0.05)
+    assert engine.num_unfinished_requests() == 0  # vLLM dropped the request
+    assert engine.in_flight == 0
+    assert rows[0]["status"] == "stopped"
+    assert rows[0]["error"] == "stopped before the answer was complete"
+    assert partial["text"] in rows[0]["text"] or rows[0]["text"].startswith(partial["text"][:1])
+    assert rows[0]["output_tokens"] is None  # no stats: it never finished
+    while engine.snapshot().running and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert engine.snapshot().running == 0
+
+
+def test_eight_concurrent_chats_are_batched_by_the_engine(server_url, engine, db):
+    engine.reset_max_running_seen()
+    finals = [None] * 8
+
+    def one(i):
+        finals[i] = chat(Client(server_url, verbose=False), f"第{i}位顾客：订单什么时候发货？")[1]
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [f["status"] for f in finals] == ["ok"] * 8
+    stored = [db["messages"].get(f["message_id"]) for f in finals]
+    assert [s["status"] for s in stored] == ["ok"] * 8
+    assert engine.snapshot().max_running_seen > 1  # vLLM ran several at once: Gradio did not queue them
