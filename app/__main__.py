@@ -20,10 +20,8 @@ def main(argv: list[str]) -> int:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
 
-    import uvicorn
-
     from app.engine import EngineStartError
-    from app.server import build_services, create_app
+    from app.server import build_services, create_app, serve
 
     try:
         services = build_services(settings)
@@ -32,10 +30,7 @@ def main(argv: list[str]) -> int:
         return 2
     app = create_app(services)
     print(f"prefixdesk: serving on http://{settings.host}:{settings.port}", flush=True)
-    try:
-        uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
-    finally:
-        services.close()
+    serve(services, app)
     return 0
 
 

@@ -48,7 +48,8 @@ footer { display: none !important; }
 """
 
 
-def build_chat(desk: Desk, info: EngineInfo, *, language: str) -> gr.Blocks:
+def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str) -> gr.Blocks:
+    """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
     t = TEXT[language]
     names = [tpl.name for tpl in desk.templates()]
     default = next((tpl.name for tpl in desk.templates() if tpl.language == language), names[0] if names else None)
@@ -98,7 +99,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str) -> gr.Blocks:
             yield {"text": "", "done": True, "status": "rejected", "error": str(exc)}
 
     with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
-        session_key = gr.BrowserState("", storage_key="prefixdesk-session")
+        session_key = gr.BrowserState("", storage_key="prefixdesk-session", secret=browser_secret)
         conversation_id = gr.State(None)
         gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
         if info.is_demo_model:

@@ -21,6 +21,7 @@ from app.store import AnswerResult, MessageRow, Store, StoreError, TemplateInfo,
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 20_000
+STOPPED = "stopped before the answer was complete"
 
 
 class DeskInputError(ValueError):
@@ -115,6 +116,8 @@ class Desk:
                     if isinstance(event, Delta):
                         text += event.text
                         yield Progress(text, conversation_id)
+                    elif isinstance(event, RequestStats) and event.finish_reason == "abort":
+                        result = _result(text, "stopped", STOPPED, event)
                     elif isinstance(event, RequestStats):
                         result = _result(text, "ok", None, event)
         except PromptError as exc:
@@ -124,7 +127,7 @@ class Desk:
         except EngineError as exc:
             result = AnswerResult(text=text, status="error", error=f"The answer broke off: {exc}.")
         except (asyncio.CancelledError, GeneratorExit):
-            result = AnswerResult(text=text, status="stopped", error="stopped before the answer was complete")
+            result = AnswerResult(text=text, status="stopped", error=STOPPED)
             self._finish(answer_id, result)
             raise
         finally:

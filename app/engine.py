@@ -2,7 +2,8 @@
 
 Everything above this module speaks in the project's own types: ``EngineInfo``, ``Delta``,
 ``RequestStats`` and ``CacheSnapshot``. vLLM marks its scheduler and iteration stats as unstable,
-so all reading of them happens here, in ``_CacheMonitor``.
+so all reading of them happens here, in ``_CacheMonitor``. vLLM's KV-cache events are replayed
+here too, into the ``ResidencyMirror`` the console reads residency from.
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ class Engine(Protocol):
     """What the app needs from a backend: one local AsyncLLM today, other backends later."""
 
     info: EngineInfo
+    residency: ResidencyMirror | None  # None when KV-cache events are off
 
     def stream(
         self,
@@ -110,6 +112,8 @@ class Engine(Protocol):
         ignore_eos: bool = False,
         request_id: str | None = None,
     ) -> AsyncIterator[Delta | RequestStats]: ...
+
+    async def abort_all(self) -> int: ...
 
     def snapshot(self) -> CacheSnapshot: ...
 
@@ -223,6 +227,7 @@ class LocalEngine:
         self.max_concurrent_requests = settings.max_concurrent_requests
         self._monitor = _CacheMonitor()
         self._in_flight = 0
+        self._active: set[str] = set()
         self._ids = itertools.count()
         block_size = settings.block_size or (32 if on_cpu else 16)
         self.flags = flags = resolve_flags(settings, on_cpu=on_cpu)
@@ -252,10 +257,17 @@ class LocalEngine:
             **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
                                   "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
         )
+        # The subscriber connects before the engine core binds its publisher, so no event of the
+        # first requests is missed (ZMQ retries the connection until the socket exists).
+        self.residency = None
+        if settings.kv_events and flags.prefix_caching:
+            args.kv_events_config, self.residency = _start_kv_events(settings.kv_events_endpoint, block_size)
         monitor = self._monitor
         try:
             self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(monitor)])
         except Exception as exc:  # vLLM raises many types; the cause is in its log above
+            if self.residency is not None:
+                self.residency.close()
             raise EngineStartError(
                 f"the vLLM engine did not start for model {model_path!s}: {exc}. "
                 "Check PREFIXDESK_MODEL, PREFIXDESK_MAX_MODEL_LEN and PREFIXDESK_KV_CACHE_MIB."
@@ -269,7 +281,7 @@ class LocalEngine:
             device="cpu" if on_cpu else "cuda",
             block_size=cache.block_size,
             num_blocks=num_blocks,
-            kv_cache_bytes=settings.kv_cache_mib << 20 if on_cpu else 0,
+            kv_cache_bytes=settings.kv_cache_mib << 20 if on_cpu else _gpu_kv_cache_bytes(self._llm.vllm_config),
             max_model_len=self._llm.vllm_config.model_config.max_model_len,
             max_num_seqs=sched.max_num_seqs,
             max_concurrent_requests=settings.max_concurrent_requests,
@@ -313,6 +325,7 @@ class LocalEngine:
             prompt["cache_salt"] = cache_salt
         request_id = request_id or f"pd-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         self._in_flight += 1
+        self._active.add(request_id)
         started = time.perf_counter()
         first = last = None
         output_tokens = 0
@@ -355,6 +368,7 @@ class LocalEngine:
             raise EngineError(f"the model failed while answering ({type(exc).__name__}); please try again") from exc
         finally:
             self._in_flight -= 1
+            self._active.discard(request_id)
 
     async def generate_raw(
         self,
@@ -381,6 +395,13 @@ class LocalEngine:
         async for out in self._llm.generate(prompt, params, request_id=f"raw-{next(self._ids)}"):
             yield len(out.outputs[0].token_ids)
 
+    async def abort_all(self) -> int:
+        """Abort every answer in progress (their streams end with finish_reason "abort"); returns how many."""
+        active = list(self._active)
+        if active:
+            await self._llm.abort(active)
+        return len(active)
+
     def snapshot(self) -> CacheSnapshot:
         return self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
 
@@ -401,10 +422,17 @@ class LocalEngine:
 
     async def reset_prefix_cache(self) -> bool:
         """Drop every cached block that no running request holds; True when vLLM did it."""
-        return bool(await self._llm.reset_prefix_cache())
+        done = bool(await self._llm.reset_prefix_cache())
+        if done and self.residency is not None:
+            # vLLM publishes AllBlocksCleared with the next engine step's events, which may be a
+            # while away on an idle server; the mirror is cleared now and again when it arrives.
+            self.residency.clear()
+        return done
 
     def shutdown(self) -> None:
         self._llm.shutdown()
+        if self.residency is not None:
+            self.residency.close()
 
 
 async def _shielded_abort(llm, request_id: str) -> None:
@@ -438,6 +466,295 @@ def _stat_logger_factory(monitor: _CacheMonitor):
             pass
 
     return _MonitorLogger
+
+
+# -- KV-cache events: the residency mirror ---------------------------------------------------------
+#
+# vLLM publishes every change to its prefix-cache hash table as KV events over ZMQ: BlockStored
+# (block hashes, the parent's hash, the token ids), BlockRemoved (evicted hashes) and
+# AllBlocksCleared (a reset). The mirror replays them into a map hash -> (parent, tokens), so the
+# app can tell which token sequences are cached without reaching into the scheduler. Hashes depend
+# on vLLM's hash function and seed, so prompts are matched by token ids along the parent chain;
+# the cache salt is part of a first block's key, so salted blocks never match an unsalted prompt.
+
+
+@dataclass(frozen=True)
+class ResidencyMatch:
+    """How much of a token sequence the prefix cache holds, in whole blocks from the start."""
+
+    block_size: int
+    num_blocks: int  # full blocks of the sequence
+    resident_blocks: int  # leading blocks found in the cache (a lookup stops at the first miss)
+    block_ids: tuple[int, ...]  # the mirror's ids of those blocks, root first
+
+    @property
+    def resident_tokens(self) -> int:
+        return self.resident_blocks * self.block_size
+
+    @property
+    def fully_resident(self) -> bool:
+        return self.resident_blocks == self.num_blocks
+
+
+@dataclass(frozen=True)
+class CacheBranch:
+    """A run of cached blocks where no other cached sequence branches off (a radix-tree edge)."""
+
+    block_ids: tuple[int, ...]  # the mirror's ids, parent first
+    token_ids: tuple[int, ...]  # the tokens of those blocks
+    children: tuple[CacheBranch, ...]
+    cache_salt: str | None  # set on a root branch whose first block belongs to a salted namespace
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_ids)
+
+    @property
+    def num_blocks_below(self) -> int:
+        """Blocks of this branch and everything under it."""
+        return self.num_blocks + sum(c.num_blocks_below for c in self.children)
+
+
+@dataclass(frozen=True)
+class KVEventStats:
+    endpoint: str
+    batches: int  # event batches received
+    stored: int  # BlockStored events (one may carry several blocks)
+    removed: int
+    cleared: int
+    missed_batches: int  # gaps in the publisher's sequence; a prefix-cache reset resynchronises
+    num_cached_blocks: int  # blocks the mirror holds now
+
+
+@dataclass
+class _MirrorBlock:
+    id: int
+    parent: bytes | int | None
+    token_ids: tuple[int, ...]
+    extra: tuple | None
+    copies: int = 1  # vLLM may cache the same content twice (two requests filling it at once)
+
+
+class ResidencyMirror:
+    """The prefix cache's contents as the app sees them, fed by vLLM's KV events.
+
+    ``apply`` is called with each decoded event batch by the subscriber thread; every reader takes
+    the lock, so the console and tests see a consistent state.
+    """
+
+    def __init__(self, endpoint: str, block_size: int):
+        self.endpoint = endpoint
+        self.block_size = block_size
+        self._lock = threading.Lock()
+        self._blocks: dict[bytes | int, _MirrorBlock] = {}
+        self._index: dict[tuple, bytes | int] = {}  # (parent, tokens, extra) -> hash
+        self._ids = itertools.count(1)
+        self._batches = self._stored = self._removed = self._cleared = self._missed = 0
+        self._last_seq: int | None = None
+        self._last_event = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- reading -----------------------------------------------------------------------------
+
+    def match(self, token_ids: Sequence[int], *, cache_salt: str | None = None) -> ResidencyMatch:
+        """The leading full blocks of ``token_ids`` (in namespace ``cache_salt``) that are cached."""
+        size = self.block_size
+        num_blocks = len(token_ids) // size
+        ids: list[int] = []
+        parent: bytes | int | None = None
+        with self._lock:
+            for i in range(num_blocks):
+                extra = (cache_salt,) if i == 0 and cache_salt else None
+                key = (parent, tuple(token_ids[i * size:(i + 1) * size]), extra)
+                block_hash = self._index.get(key)
+                if block_hash is None:
+                    break
+                ids.append(self._blocks[block_hash].id)
+                parent = block_hash
+        return ResidencyMatch(size, num_blocks, len(ids), tuple(ids))
+
+    def num_cached_blocks(self) -> int:
+        """Cache entries the mirror holds (a block cached twice counts twice, as in vLLM's pool)."""
+        with self._lock:
+            return sum(b.copies for b in self._blocks.values())
+
+    def tree(self) -> list[CacheBranch]:
+        """The cached sequences as a radix tree: one root branch per distinct first block."""
+        with self._lock:
+            children: dict[bytes | int | None, list[bytes | int]] = collections.defaultdict(list)
+            for block_hash, block in self._blocks.items():
+                # A block whose parent was evicted can never be hit; it is shown as a root.
+                parent = block.parent if block.parent in self._blocks else None
+                children[parent].append(block_hash)
+            return [self._branch(h, children) for h in sorted(children[None], key=lambda h: self._blocks[h].id)]
+
+    def stats(self) -> KVEventStats:
+        with self._lock:
+            return KVEventStats(self.endpoint, self._batches, self._stored, self._removed, self._cleared,
+                                self._missed, sum(b.copies for b in self._blocks.values()))
+
+    def wait_quiet(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> bool:
+        """Block until no event batch arrived for ``quiet_s``; False if that took over ``timeout_s``.
+
+        vLLM publishes a step's events from a thread of its own, after the step, so a caller that
+        just finished a request waits here before comparing the mirror with the engine.
+        """
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with self._lock:
+                idle = time.monotonic() - self._last_event
+            if idle >= quiet_s:
+                return True
+            time.sleep(min(quiet_s - idle, 0.05) + 0.01)
+        return False
+
+    # -- writing -----------------------------------------------------------------------------
+
+    def apply(self, events: Sequence, seq: int | None = None) -> None:
+        """Replay one batch of vLLM KV events (BlockStored, BlockRemoved, AllBlocksCleared)."""
+        from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+        with self._lock:
+            self._batches += 1
+            self._last_event = time.monotonic()
+            if seq is not None:
+                if self._last_seq is not None and seq > self._last_seq + 1:
+                    self._missed += seq - self._last_seq - 1
+                self._last_seq = seq
+            for event in events:
+                if isinstance(event, BlockStored):
+                    self._stored += 1
+                    self._store(event)
+                elif isinstance(event, BlockRemoved):
+                    self._removed += 1
+                    for block_hash in event.block_hashes:
+                        self._remove(block_hash)
+                elif isinstance(event, AllBlocksCleared):
+                    self._cleared += 1
+                    self._blocks.clear()
+                    self._index.clear()
+
+    def clear(self) -> None:
+        """Forget every block: the engine's prefix cache was reset."""
+        with self._lock:
+            self._blocks.clear()
+            self._index.clear()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._subscribe, name="kv-events", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        if self.endpoint.startswith("ipc://"):
+            Path(self.endpoint.removeprefix("ipc://")).unlink(missing_ok=True)
+
+    def _store(self, event) -> None:
+        size = event.block_size
+        parent = event.parent_block_hash
+        extras = event.extra_keys or [None] * len(event.block_hashes)
+        for i, block_hash in enumerate(event.block_hashes):
+            tokens = tuple(event.token_ids[i * size:(i + 1) * size])
+            extra = tuple(extras[i]) if extras[i] else None
+            block = self._blocks.get(block_hash)
+            if block is not None:
+                block.copies += 1
+            else:
+                self._blocks[block_hash] = _MirrorBlock(next(self._ids), parent, tokens, extra)
+                self._index[(parent, tokens, extra)] = block_hash
+            parent = block_hash
+
+    def _remove(self, block_hash) -> None:
+        block = self._blocks.get(block_hash)
+        if block is None:
+            return
+        block.copies -= 1
+        if block.copies == 0:
+            del self._blocks[block_hash]
+            self._index.pop((block.parent, block.token_ids, block.extra), None)
+
+    def _branch(self, block_hash, children) -> CacheBranch:
+        root = self._blocks[block_hash]
+        salt = str(root.extra[0]) if root.extra else None
+        ids, tokens = [], []
+        while True:
+            block = self._blocks[block_hash]
+            ids.append(block.id)
+            tokens.extend(block.token_ids)
+            below = children.get(block_hash, [])
+            if len(below) != 1:
+                break
+            block_hash = below[0]
+        kids = sorted(below, key=lambda h: self._blocks[h].id)
+        return CacheBranch(tuple(ids), tuple(tokens), tuple(self._branch(h, children) for h in kids), salt)
+
+    def _subscribe(self) -> None:
+        import msgspec
+        import zmq
+
+        from vllm.distributed.kv_events import KVEventBatch
+
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        context = zmq.Context.instance()
+        socket = context.socket(zmq.SUB)
+        socket.setsockopt(zmq.SUBSCRIBE, b"")
+        socket.setsockopt(zmq.RCVHWM, 0)  # never drop: a lost BlockRemoved would show a stale block
+        bind, address = _subscriber_address(self.endpoint)
+        if bind:
+            socket.bind(address)
+        else:
+            socket.connect(address)
+        try:
+            while not self._stop.is_set():
+                if not socket.poll(100):
+                    continue
+                _topic, seq_bytes, payload = socket.recv_multipart()
+                try:
+                    batch = decoder.decode(payload)
+                except msgspec.DecodeError:
+                    log.warning("undecodable KV event batch skipped; the residency view may be off until a reset")
+                    continue
+                self.apply(batch.events, int.from_bytes(seq_bytes, "big", signed=True))
+        finally:
+            socket.close(linger=0)
+
+
+def _start_kv_events(endpoint: str, block_size: int):
+    """vLLM's KVEventsConfig for ``endpoint`` (empty: a private ipc socket) and its started mirror."""
+    import tempfile
+
+    from vllm.config.kv_events import KVEventsConfig
+
+    if not endpoint:
+        endpoint = f"ipc://{tempfile.gettempdir()}/prefixdesk-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
+    mirror = ResidencyMirror(endpoint, block_size)
+    mirror.start()
+    config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint,
+                            buffer_steps=1, topic="")
+    return config, mirror
+
+
+def _subscriber_address(endpoint: str) -> tuple[bool, str]:
+    """Whether the subscriber binds, and where: vLLM binds ipc and wildcard endpoints and
+    connects to the rest, so the subscriber does the opposite."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return False, endpoint
+    if "*" in endpoint:
+        return False, endpoint.replace("*", "127.0.0.1")
+    return True, endpoint
+
+
+def _gpu_kv_cache_bytes(vllm_config) -> int:
+    """Bytes of the KV cache on a GPU: blocks × block size × per-token K and V of every layer."""
+    import torch
+
+    model, cache, parallel = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
+    dtype_bytes = 1 if str(cache.cache_dtype).startswith("fp8") else torch.tensor([], dtype=model.dtype).element_size()
+    per_token = 2 * model.get_num_layers(parallel) * model.get_num_kv_heads(parallel) * model.get_head_size()
+    return (cache.num_gpu_blocks or 0) * cache.block_size * per_token * dtype_bytes * parallel.tensor_parallel_size
 
 
 def build_engine(settings: Settings) -> LocalEngine:

@@ -119,3 +119,16 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(200))
     before: Mapped[str | None] = mapped_column(Text)
     after: Mapped[str | None] = mapped_column(Text)
+
+
+class Operator(Base):
+    """An account of the admin console; the password is stored only as a salted scrypt hash."""
+
+    __tablename__ = "operators"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    password_hash: Mapped[str] = mapped_column(String(300))
+    source: Mapped[str] = mapped_column(String(16), default="cli")  # cli | settings
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    disabled_at: Mapped[datetime | None]

@@ -4,7 +4,8 @@
 the chat tab: the same ``system_text(chain)``, the same ``PromptBuilder``, hence the same token
 ids and the same cached blocks. The endpoint is stateless like OpenAI's: the client sends the
 whole conversation each time and nothing is written to the database. Sampling (temperature,
-top_p) follows the server's settings; those request fields are accepted and ignored.
+top_p) follows the server's settings; those request fields are accepted and ignored. Two of
+vLLM's extra fields are honoured: ``ignore_eos`` and ``cache_salt``.
 
     POST /v1/chat/completions   {"model": "电商客服", "messages": [...], "stream": true}
     GET  /v1/models             the published templates
@@ -68,6 +69,7 @@ class ChatRequest:
     max_tokens: int | None
     ignore_eos: bool
     include_usage: bool
+    cache_salt: str | None  # as in vLLM's server: a private cache namespace for this request
 
 
 def build_openai_router(desk: DeskLike) -> APIRouter:
@@ -90,7 +92,8 @@ def build_openai_router(desk: DeskLike) -> APIRouter:
             template = _find_template(desk, chat.model)
             prompt = desk.prompts.build(system_text(template.chain), chat.history, chat.message)
             budget = min(prompt.max_tokens, chat.max_tokens or prompt.max_tokens)
-            stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos)
+            stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
+                                        cache_salt=chat.cache_salt)
             # Take the first event before answering, so a busy engine is a 429, not a broken stream.
             first = await _first_event(stream)
         except ApiError as exc:
@@ -143,6 +146,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
         raise ApiError(400, "'max_tokens' must be a positive integer.", code="invalid_max_tokens", param="max_tokens")
     options = body.get("stream_options") or {}
+    cache_salt = body.get("cache_salt")
+    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
+        raise ApiError(400, "'cache_salt' must be a non-empty string.", code="invalid_cache_salt", param="cache_salt")
     return ChatRequest(
         model=model,
         history=tuple(turns[:-1]),
@@ -151,6 +157,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens=max_tokens,
         ignore_eos=bool(body.get("ignore_eos", False)),
         include_usage=bool(options.get("include_usage", False)) if isinstance(options, dict) else False,
+        cache_salt=cache_salt,
     )
 
 

@@ -6,6 +6,7 @@ and every template must fit the model's context, so a bad setting fails fast wit
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -58,6 +59,7 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
 
 def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None)
+    _run_cache_background(app, services)  # cache sampler and keep-warm loop, while the server runs
 
     @app.get("/healthz")
     async def healthz():
@@ -70,9 +72,69 @@ def create_app(services: Services) -> FastAPI:
     from app.openai_api import build_openai_router
 
     app.include_router(build_openai_router(services.desk))  # /v1: OpenAI-compatible chat on the templates
-    chat = build_chat(services.desk, services.engine.info, language=services.settings.ui_language)
+    from admin.console import build_console  # app/ imports admin/ only here, to mount the console
+    from admin.ui import mount_admin
+
+    mount_admin(app, build_console(services))  # /admin, before the chat takes "/"
+    chat = build_chat(services.desk, services.engine.info, language=services.settings.ui_language,
+                      browser_secret=_browser_secret(services.settings))
     chat.queue(default_concurrency_limit=None)
     return gr.mount_gradio_app(app, chat, path="", footer_links=[])
+
+
+def serve(services: Services, app: FastAPI) -> None:
+    """Run the web server until SIGINT/SIGTERM, then stop in-flight answers and close cleanly.
+
+    On a signal every answer in progress is aborted in vLLM first, so each is stored as
+    ``stopped`` with its partial text; then the server stops and the engine shuts down.
+    """
+    import asyncio
+    import signal
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # uvicorn >= 0.29 re-raises the signal after shutdown; we exit 0
+            yield
+
+    settings = services.settings
+    # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
+    server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
+                                    timeout_graceful_shutdown=5))
+
+    async def stop() -> None:
+        aborted = await services.engine.abort_all()
+        if aborted:
+            log.info("stopping %d answers in progress", aborted)
+            await asyncio.sleep(0.5)  # let each answer's handler store its partial text
+        server.should_exit = True
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
+        await server.serve()
+
+    try:
+        asyncio.run(main())
+    finally:
+        services.close()
+
+
+def _browser_secret(settings: Settings) -> str:
+    """A random key kept in data_dir, so browsers keep their conversations across restarts."""
+    import secrets
+
+    path = settings.data_dir / "browser-state.key"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_hex(32))
+        path.chmod(0o600)
+    return path.read_text().strip()
 
 
 def _check_templates_fit(store: Store, prompts: PromptBuilder, settings: Settings) -> None:
@@ -85,3 +147,19 @@ def _check_templates_fit(store: Store, prompts: PromptBuilder, settings: Setting
                 f"{n} tokens and answers need {settings.max_tokens} more; raise PREFIXDESK_MAX_MODEL_LEN "
                 f"or lower PREFIXDESK_MAX_TOKENS"
             )
+
+
+def _run_cache_background(app: FastAPI, services: Services) -> None:
+    from contextlib import asynccontextmanager
+
+    from admin.cache_view import cache_background
+
+    inner = app.router.lifespan_context
+
+    @asynccontextmanager
+    async def lifespan(a):
+        async with cache_background(settings=services.settings, engine=services.engine, store=services.store,
+                                    desk=services.desk), inner(a) as state:
+            yield state
+
+    app.router.lifespan_context = lifespan

@@ -83,7 +83,35 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("seed", 0, "Seed of the engine's sampler.", int),
     Setting("max_concurrent_requests", 64, "Answers generated at once; more are told the desk is busy.", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
+    # Cache view
+    Setting("kv_events", True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.",
+            _parse_bool),
+    Setting("kv_events_endpoint", "", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
+            "ipc socket in the temp folder.", str),
+    Setting("sample_interval_s", 2.0, "Seconds between the cache samples kept for the console's plots.", float),
+    Setting("sample_retention_h", 168, "Hours of cache samples kept in the database; older ones are deleted.", int),
+    Setting("keep_warm_interval_s", 30.0, "Seconds between re-sends of pinned templates' prefixes, which keep "
+            "them cached; 0 turns keep-warm off.", float),
+    # Admin console
+    Setting("admin_user", "admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at /admin."),
+    Setting("admin_password", "", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
+            "closed until one exists, e.g. from `python -m admin create-user NAME`). A weak one refuses to start."),
+    Setting("admin_demo", False, "Demo mode: accept a weak admin password; the console shows a warning.", _parse_bool),
 )
+
+# Refused as an admin password unless admin_demo is on: anyone would guess them.
+WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
+                            "password1", "qwertyui", "letmein1"})
+MIN_PASSWORD_CHARS = 8
+
+
+def password_weakness(password: str) -> str | None:
+    """Why ``password`` is too weak for an operator account, or None when it is acceptable."""
+    if len(password) < MIN_PASSWORD_CHARS:
+        return f"it has {len(password)} characters; use at least {MIN_PASSWORD_CHARS}"
+    if password.lower() in WEAK_PASSWORDS:
+        return "it is a well-known placeholder password"
+    return None
 
 
 @dataclass(frozen=True)
@@ -118,6 +146,14 @@ class Settings:
     seed: int
     max_concurrent_requests: int
     drop_oldest_turns: bool
+    kv_events: bool
+    kv_events_endpoint: str
+    sample_interval_s: float
+    sample_retention_h: int
+    keep_warm_interval_s: float
+    admin_user: str
+    admin_password: str = dataclasses.field(repr=False)
+    admin_demo: bool
 
     @property
     def uses_demo_model(self) -> bool:
@@ -187,6 +223,20 @@ def _validated(settings: Settings) -> Settings:
         fail("top_p", "must be in (0, 1]")
     if settings.max_concurrent_requests < 1:
         fail("max_concurrent_requests", "must be at least 1")
+    if settings.sample_interval_s < 0.1:
+        fail("sample_interval_s", f"must be at least 0.1 seconds, not {settings.sample_interval_s}")
+    if settings.keep_warm_interval_s < 0:
+        fail("keep_warm_interval_s", "must be 0 (off) or more")
+    if settings.sample_retention_h < 1:
+        fail("sample_retention_h", "must be at least 1 hour")
+    if settings.kv_events_endpoint and not settings.kv_events_endpoint.startswith(("tcp://", "ipc://")):
+        fail("kv_events_endpoint", f"must start with tcp:// or ipc://, not {settings.kv_events_endpoint!r}")
+    if not settings.admin_user.strip():
+        fail("admin_user", "must not be empty")
+    weakness = password_weakness(settings.admin_password) if settings.admin_password else None
+    if weakness and not settings.admin_demo:
+        fail("admin_password", f"is too weak ({weakness}); choose a stronger one, or set PREFIXDESK_ADMIN_DEMO=true "
+             "for a demo that nobody else can reach")
     if settings.model and not _looks_like_hub_id(settings.model) and not Path(settings.model).exists():
         fail("model", f"points to {settings.model!r}, which does not exist; give a local model folder or a hub id")
     return settings

@@ -41,7 +41,7 @@ def test_unknown_template_names_the_ones_that_exist(client, db):
     assert out["status"] == "rejected"
     assert out["error"] == (
         "There is no published template named '不存在的模板'. "
-        "Choose one of: 商城通用规则, 服装鞋包, 电商客服, 电子产品, support-en."
+        "Choose one of: 电商客服, support-en, 商城通用规则, 电子产品, 服装鞋包."
     )
     assert count(db, "messages") == before
 

@@ -92,10 +92,15 @@ class OpenAITarget:
 
     def __init__(self, name: str, base_url: str, *, served_model: str | None = None,
                  systems: dict[str, str] | None = None, ignore_eos: bool = True):
-        import httpx
         import openai
 
+        try:  # the openai SDK's own HTTP library since openai 3.x
+            import httpx2 as httpx
+        except ImportError:
+            import httpx
+
         self.name = name
+        # The SDK's default pool stops at 1,000 connections; a saturated GPU holds more streams open.
         limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
                                          http_client=httpx.AsyncClient(limits=limits, timeout=600))

@@ -77,7 +77,7 @@ class EngineProbe:
         while True:
             self._read()
             if time.monotonic() >= next_memory:  # memory reads cost a few ms: once a second
-                self.memory_mib.append(memory_mib(self.engine.info.device))
+                self.memory_mib.append(await asyncio.to_thread(memory_mib, self.engine.info.device))
                 next_memory = time.monotonic() + 1.0
             await asyncio.sleep(PROBE_PERIOD_S)
 
