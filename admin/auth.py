@@ -22,8 +22,9 @@ from app.store import Store
 # scrypt cost: about 50 ms and 16 MiB per check on one core, slow enough to make guessing expensive.
 SCRYPT_N, SCRYPT_R, SCRYPT_P = 2**14, 8, 1
 DISABLED_MESSAGE = (
-    "The admin console is closed: no operator account exists. Set PREFIXDESK_ADMIN_PASSWORD "
-    "(and PREFIXDESK_ADMIN_USER) and restart, or run `python -m admin create-user NAME`."
+    "The admin console is closed: no operator account existed when the server started. Set "
+    "PREFIXDESK_ADMIN_PASSWORD (and PREFIXDESK_ADMIN_USER) and restart, or run `python -m admin create-user NAME`, "
+    "which works without a restart."
 )
 
 

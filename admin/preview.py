@@ -21,7 +21,8 @@ HAZARDS: tuple[tuple[re.Pattern[str], str], ...] = (
      "is a date; if it is updated daily, every update invalidates the cache from this token on"),
     (re.compile(r"\b\d{1,2}:\d{2}(?::\d{2})?\b"),
      "is a clock time; a time that changes per request can never be cached"),
-    (re.compile(r"\b(?:today|tomorrow|yesterday|right now|current (?:date|time)|this week)\b|今天|今日|明天|昨天|"
+    (re.compile(r"\b(?:today|tomorrow|yesterday|right now|current (?:date|time)|this week)\b"
+                r"|今天|今日|明天|昨天|"
                 r"现在时间|当前时间|当前日期|本周", re.IGNORECASE),
      "refers to the current day or time; text that says it is usually updated per request, which breaks caching"),
 )

@@ -149,8 +149,8 @@ def list_templates(*, store: Store, meter: PrefixMeter) -> list[TemplateRow]:
         usage = {
             template_id: (cached or 0, prompt or 0, last, n)
             for template_id, cached, prompt, last, n in s.execute(
-                select(TemplateVersion.template_id, func.sum(Message.num_cached_tokens), func.sum(Message.prompt_tokens),
-                       func.max(Message.created_at), func.count(Message.id))
+                select(TemplateVersion.template_id, func.sum(Message.num_cached_tokens),
+                       func.sum(Message.prompt_tokens), func.max(Message.created_at), func.count(Message.id))
                 .join(TemplateVersion, Message.template_version_id == TemplateVersion.id)
                 .where(Message.role == "assistant", Message.prompt_tokens.is_not(None))
                 .group_by(TemplateVersion.template_id)
@@ -315,8 +315,9 @@ def export_files(*, store: Store) -> list[tuple[str, str]]:
     out = []
     with store.session() as s:
         for t in _live(s):
-            f = template_files.TemplateFile(name=t.name, text=_current(t).text, parent=t.parent.name if t.parent else "",
-                                            language=t.language, pinned=t.pinned)
+            f = template_files.TemplateFile(name=t.name, text=_current(t).text,
+                                            parent=t.parent.name if t.parent else "", language=t.language,
+                                            pinned=t.pinned)
             out.append((_file_name(t.name), template_files.render(f)))
     return out
 

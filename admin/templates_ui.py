@@ -53,7 +53,8 @@ def build_templates_tab(demo: gr.Blocks, console: Console, *, guard: Callable[[g
         with refusals():
             d = repo.get_template(store=store, name=name)
         numbers = [v.number for v in d.versions]
-        info = (f"parent: {d.parent or '—'} · language: {d.language} · published: v{d.published_version or '—'} · "
+        info = (f"parent: {d.parent or '—'} · language: {d.language} · "
+                f"published: v{d.published_version or '—'} · "
                 f"versions: {', '.join(f'v{v.number} ({v.created_by})' for v in d.versions)}")
         return (d.latest.text, d.latest.number, gr.update(choices=numbers, value=d.published_version or numbers[-1]),
                 d.pinned, gr.update(choices=numbers, value=numbers[0]), gr.update(choices=numbers, value=numbers[-1]),
@@ -161,7 +162,8 @@ def build_templates_tab(demo: gr.Blocks, console: Console, *, guard: Callable[[g
                                      elem_id="base-version")
             save_btn = gr.Button("Save as new version", variant="primary", elem_id="save")
             with gr.Row():
-                version = gr.Dropdown([], label="Version", elem_id="publish-version", allow_custom_value=True)
+                version = gr.Dropdown([], label="Version", elem_id="publish-version",
+                                      allow_custom_value=True)
                 publish_btn = gr.Button("Publish and warm", variant="primary", elem_id="publish")
             with gr.Row():
                 pinned = gr.Checkbox(label="Pinned (kept warm)", elem_id="pinned")

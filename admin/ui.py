@@ -14,10 +14,9 @@ from fastapi import FastAPI
 
 from admin import audit, auth
 from admin.console import Console
+from admin.templates import TemplateAdminError
 from app.engine import EngineError
 from app.template_files import TemplateFileError
-
-from admin.templates import TemplateAdminError
 
 CSS = """
 footer { display: none !important; }

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from admin.templates import PrefixMeter
@@ -40,13 +39,6 @@ async def warm(*, engine: Engine, meter: PrefixMeter, template: TemplateInfo) ->
     return WarmupResult(template=template.name, num_prefix_tokens=len(ids) - 1,
                         num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
                         elapsed_ms=round(elapsed_ms, 1))
-
-
-async def warm_each(*, engine: Engine, meter: PrefixMeter,
-                    templates: Sequence[TemplateInfo]) -> AsyncIterator[WarmupResult]:
-    """Warm ``templates`` one after another, yielding each result as it is done."""
-    for template in templates:
-        yield await warm(engine=engine, meter=meter, template=template)
 
 
 def _probe_ids(meter: PrefixMeter, template: TemplateInfo) -> list[int]:

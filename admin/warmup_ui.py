@@ -77,7 +77,8 @@ def build_warmup_tab(demo: gr.Blocks, console: Console, *, guard: Callable[[gr.R
     gr.Markdown("Warming sends a template's exact prefix through the engine once, so the next customer's first "
                 "answer starts from the cache. Publishing warms automatically.")
     with gr.Row():
-        template = gr.Dropdown([], label="Template (empty: all published)", elem_id="warm-template", allow_custom_value=True)
+        template = gr.Dropdown([], label="Template (empty: all published)", elem_id="warm-template",
+                               allow_custom_value=True)
         warm_btn = gr.Button("Warm", variant="primary", elem_id="warm")
     summary = gr.Markdown(elem_id="warm-summary")
     results = gr.JSON(label="Results", elem_id="warm-results")

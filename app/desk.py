@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
@@ -22,6 +23,7 @@ log = logging.getLogger(__name__)
 
 MAX_MESSAGE_CHARS = 20_000
 STOPPED = "stopped before the answer was complete"
+PROGRESS_INTERVAL_S = 0.05  # at most 20 screen updates a second per answer
 
 
 class DeskInputError(ValueError):
@@ -112,10 +114,15 @@ class Desk:
             async with contextlib.aclosing(
                 self.engine.stream(prompt.token_ids, max_tokens=budget, cache_salt=cache_salt, ignore_eos=ignore_eos)
             ) as stream:
+                shown_at = 0.0
                 async for event in stream:
                     if isinstance(event, Delta):
                         text += event.text
-                        yield Progress(text, conversation_id)
+                        # Coalesce: each update re-sends the text so far to the browser, so
+                        # one per token would cost the server O(n^2) work on long answers.
+                        if (now := time.monotonic()) - shown_at >= PROGRESS_INTERVAL_S:
+                            shown_at = now
+                            yield Progress(text, conversation_id)
                     elif isinstance(event, RequestStats) and event.finish_reason == "abort":
                         result = _result(text, "stopped", STOPPED, event)
                     elif isinstance(event, RequestStats):

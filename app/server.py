@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse
 
 from app.chat import build_chat
 from app.desk import Desk
-from app.engine import Engine, build_engine
+from app.engine import Engine, build_engine, resolve_model_path
 from app.prompts import PromptBuilder, system_text
 from app.settings import Settings, SettingsError
 from app.store import Store, open_store
@@ -40,20 +40,24 @@ class Services:
 
 
 def build_services(settings: Settings, *, engine: Engine | None = None) -> Services:
-    """Open the store (seeding templates), start the engine, and check the templates fit it."""
+    """Open the store (seeding templates), check the templates fit the context, start the engine.
+
+    The templates are checked with the tokenizer alone, before the (slow) engine starts.
+    """
     store = open_store(settings.database_url)
     added = store.seed_templates(settings.templates_dir)
     if added:
         log.info("seeded %d templates from %s", added, settings.templates_dir)
-    engine = engine or build_engine(settings)
+    model = engine.info.model if engine else resolve_model_path(settings)
     prompts = PromptBuilder(
-        settings.tokenizer or engine.info.model,
-        max_model_len=engine.info.max_model_len,
+        settings.tokenizer or model,
+        max_model_len=settings.max_model_len,
         max_tokens=settings.max_tokens,
         drop_oldest_turns=settings.drop_oldest_turns,
         trust_remote_code=settings.trust_remote_code,
     )
     _check_templates_fit(store, prompts, settings)
+    engine = engine or build_engine(settings, model)
     return Services(settings, store, engine, prompts, Desk(store=store, engine=engine, prompts=prompts))
 
 
@@ -66,7 +70,8 @@ def create_app(services: Services) -> FastAPI:
         ok = await services.engine.check_health()
         info = services.engine.info
         body = {"ok": ok, "model": info.model, "demo_model": info.is_demo_model, "block_size": info.block_size,
-                "num_blocks": info.num_blocks}
+                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
+                "restarting": services.engine.restarting}
         return JSONResponse(body, status_code=200 if ok else 503)
 
     from app.openai_api import build_openai_router

@@ -73,8 +73,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("cascade_attention", True, "Let vLLM read a shared prefix once per decode step (GPU).", _parse_bool),
     Setting("prefix_caching", True, "Reuse cached prompt blocks across requests; off only to measure what reuse buys.",
             _parse_bool),
-    Setting("cuda_graph_max_batch", 0, "Largest batch captured as a CUDA graph (GPU); 0 picks max_num_seqs on GPU.",
-            int),
+    Setting("cuda_graph_max_batch", 0, "Largest batch captured as a CUDA graph (GPU); 0 keeps vLLM's 512.", int),
     Setting("stream_interval", 1, "Tokens vLLM gathers before handing a stream more text; 1 sends each at once.", int),
     # Generation
     Setting("max_tokens", 256, "Most tokens in one answer.", int),

@@ -118,8 +118,12 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 
 
 @pytest.fixture(scope="session")
-def browser():
-    """Debian's chromium driven by Playwright (no browser download)."""
+def browser(services):
+    """Debian's chromium driven by Playwright (no browser download).
+
+    It depends on ``services`` so the session engine exists first: Playwright runs its own event
+    loop, and an engine created after it would bind to that loop instead of the engine loop.
+    """
     from playwright.sync_api import sync_playwright
 
     OUTPUT_DIR.mkdir(exist_ok=True)

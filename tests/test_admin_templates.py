@@ -9,7 +9,8 @@ from admin.console import build_console
 from admin.preview import cache_hazards, preview
 from app.prompts import system_text
 
-BODY = "\n".join(f"Rule {i}: answer question type {i} politely, give the policy first, then the steps." for i in range(12))
+BODY = "\n".join(f"Rule {i}: answer question type {i} politely, give the policy first, then the steps."
+                 for i in range(12))
 
 
 @pytest.fixture(scope="module")
@@ -91,7 +92,8 @@ def test_a_template_that_leaves_no_room_for_answers_is_refused_with_the_numbers(
         repo.save_version(store=console.store, meter=console.meter, name=name, text=huge, base_version=1, user="t")
     n = len(services.prompts.prefix_ids(system_text((huge,))))
     assert refused.value.num_tokens == n == 3012
-    assert f"{n:,} tokens; with answers of up to 48 tokens that is {n + 48:,} > max_model_len 2,048" in str(refused.value)
+    message = str(refused.value)
+    assert f"{n:,} tokens; with answers of up to 48 tokens that is {n + 48:,} > max_model_len 2,048" in message
     assert [v.number for v in repo.get_template(store=console.store, name=name).versions] == [1]
 
 

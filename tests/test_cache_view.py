@@ -10,7 +10,7 @@ from admin.cache_view import CacheSampler, load_samples, read_cache_view, templa
 from app.desk import Desk, Finished
 from app.store import open_store
 
-from conftest import collect
+from conftest import OUTPUT_DIR, collect
 
 
 @pytest.fixture()
@@ -72,3 +72,46 @@ def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     assert (row.t, row.hit_rate, row.blocks_cached, row.blocks_used) == (
         taken.t, taken.recent_hit_rate, taken.blocks_cached, taken.blocks_used)
     assert row.ttft_miss_ms == taken.ttft_miss_p50_ms
+
+
+CACHE_OPERATOR = ("op-cache", "cache view secret 7")
+
+
+def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services, aio, server_url, browser):
+    # services before browser: an AsyncLLM built while Playwright's loop is current binds to that loop.
+    import time
+
+    from admin import auth
+    from admin.cache_view import load_samples
+    from app.models import utcnow
+
+    auth.set_password(store=services.store, name=CACHE_OPERATOR[0], password=CACHE_OPERATOR[1])
+    for template, question in (("电子产品", "手机保修多久？"), ("服装鞋包", "尺码不合适能换吗？"),
+                               ("电子产品", "屏幕碎了怎么办？")):
+        ask(aio, services.desk, template, question, None)
+    deadline = time.monotonic() + 30
+    while len(load_samples(store=services.store, since=utcnow() - timedelta(minutes=5))) < 3:
+        assert time.monotonic() < deadline, "the sampler wrote no samples"
+        time.sleep(0.5)
+
+    page = browser.new_page(viewport={"width": 1500, "height": 1300})
+    page.goto(server_url + "admin/")
+    page.get_by_label("username").fill(CACHE_OPERATOR[0])
+    page.get_by_label("password").fill(CACHE_OPERATOR[1])
+    page.get_by_role("button", name="Login").click()
+    page.get_by_role("tab", name="Cache").click()
+    page.locator("#cache-numbers").get_by_text("total blocks").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
+    page.locator("#cache-templates").get_by_text("9 / 9").wait_for(timeout=30_000)  # 电子产品 resident
+    for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
+        page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
+    time.sleep(1)  # let the plots draw before the picture
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view.png"), full_page=True)
+
+    page.locator("#reset-cache").click()
+    page.locator("#reset-cache-confirm").click()
+    page.locator("#reset-status").get_by_text("Prefix cache reset").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("The prefix cache is empty.").wait_for(timeout=30_000)
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
+    page.close()

@@ -123,6 +123,15 @@ async def main_async(args: argparse.Namespace) -> int:
     dynamic_n = args.dynamic_templates or max(4, math.ceil(1.5 * capacity_tokens / min(prefix_tokens.values())))
 
     bench = Bench(engine, prompts, kv_block_bytes=block_bytes)
+    args.out.mkdir(parents=True, exist_ok=True)
+    progress = args.out / "runs.jsonl"
+
+    def record(summary: report.RunSummary) -> None:
+        # Written as each run ends, so a benchmark cut short by a time limit still leaves its numbers.
+        with progress.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(asdict(summary), ensure_ascii=False) + "\n")
+        print(report.table([summary]).splitlines()[-1], flush=True)
+
     summaries: list[report.RunSummary] = []
     sweep_runs: list[report.RunSummary] = []
     extra: dict = {"engine": {**asdict(info), "flags": asdict(engine.flags)}, "prefix_tokens": prefix_tokens,
@@ -176,7 +185,7 @@ async def main_async(args: argparse.Namespace) -> int:
                                              client_procs=args.client_procs, keep_warm_interval_s=args.keep_warm_s,
                                              client_target=target)
                 summaries.append(summary)
-                print(report.table([summary]).splitlines()[-1], flush=True)
+                record(summary)
 
         if args.low_load_requests:
             wl = workload_for("static", args.low_load_requests)
@@ -185,7 +194,7 @@ async def main_async(args: argparse.Namespace) -> int:
                 summary, _ = await bench.run(path, wl, Schedule(concurrency=1), max_tokens=args.output_len,
                                              client_target=target)
                 summaries.append(summary)
-                print(report.table([summary]).splitlines()[-1], flush=True)
+                record(summary)
 
         rates = [float(r) for r in args.sweep.split(",") if r]
         if rates:
@@ -197,7 +206,7 @@ async def main_async(args: argparse.Namespace) -> int:
                                              max_tokens=args.output_len, client_procs=args.client_procs,
                                              client_target=target)
                 sweep_runs.append(summary)
-                print(report.table([summary]).splitlines()[-1], flush=True)
+                record(summary)
     finally:
         await bench.close()
         engine.shutdown()

@@ -2,10 +2,12 @@
 # The H200 benchmark runs of docs/benchmarks.md, one device call each:
 #   bash app/bench/h200.sh tune     # flag-by-flag tuning table, 13B shape, app path (+ raw on the winner)
 #   bash app/bench/h200.sh serve    # winner: HTTP sweep (client processes), low load, no-reuse and dynamic modes
-#   bash app/bench/h200.sh shapes   # GQA shape (Qwen2.5-7B), 2,000-token template, vLLM's own server
-# Needs .gpu/vllm-0.26.0-h200.tar.xz (see /work/shared/device/README.md) and .whl/uvicorn-*.whl.
+#   bash app/bench/h200.sh final    # winner: low load on every path, and the GQA shape (Qwen2.5-7B)
+#   bash app/bench/h200.sh http     # winner through the OpenAI endpoint: Poisson sweep, client processes
+# Needs .gpu/vllm-0.26.0-h200.tar.xz (see /work/shared/device/README.md) and, in .whl/, the wheels of
+# uvicorn 0.54.0, httpcore2 2.16.2, truststore 0.10.5 and jiter 0.19.0 (the bundle's openai SDK needs the last three).
 set -uo pipefail
-stage=${1:?tune, serve or shapes}
+stage=${1:?tune, serve or final}
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 mkdir -p /tmp/stage && [ -f /tmp/stage/site/vllm/__init__.py ] || tar -xJf .gpu/vllm-0.26.0-h200.tar.xz -C /tmp/stage
@@ -14,7 +16,8 @@ export PYTHONPATH=/tmp/stage/site:/tmp/site2:$PWD
 OUT=${OUT:-/tmp/out}; RES=/tmp/res; mkdir -p "$OUT" "$RES"
 M=/tmp/stage/model
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$RES/gpu.txt"
-python3 -c "import fastapi, uvicorn, openai, httpx, matplotlib, psutil; print('deps ok')" || exit 3
+python3 -c "import fastapi, uvicorn, openai, httpx2, jiter, matplotlib, psutil; import openai.types.chat
+openai.AsyncOpenAI(base_url='http://127.0.0.1:1/v1', api_key='x', http_client=httpx2.AsyncClient()); print('deps ok')" || exit 3
 
 bench() {  # bench NAME TIMEOUT_S ARGS...: one engine in its own process group, ended by its id
   local name=$1 limit=$2; shift 2
@@ -42,18 +45,28 @@ tune)
     --set kv_cache_dtype=fp8 --set cuda_graph_max_batch=1536 --set max_num_seqs=1536
   ;;
 serve)
-  W="--set kv_cache_dtype=fp8 --set max_num_seqs=${SEQS:-1536} --set cuda_graph_max_batch=${SEQS:-1536}"
-  bench F-sweep 340 $BASE --paths raw,app,http --client-procs 6 --low-load-requests 10 \
-    --concurrency ${SEQS:-1536} --num-requests ${SEQS:-1536} --sweep ${RATES:-60,70,75,80,85} --sweep-duration-s 15 $W
-  bench G-modes 220 --modes none,dynamic --paths app --output-len 128 --concurrency 1024 --num-requests 1024 $W
+  # The winner of "tune" plus the raw-vLLM reference workload's sampling (temperature 0.8, top_p 1).
+  W="--set kv_cache_dtype=fp8 --set max_num_seqs=1024 --set cuda_graph_max_batch=1024 --set temperature=0.8"
+  bench F-winner 300 $BASE --paths raw,app,http --client-procs 6 --low-load-requests 10 \
+    --concurrency 1024 --num-requests 1024 --sweep ${RATES:-65,75,85} --sweep-duration-s 10 $W --set top_p=1.0
+  bench G-topp 200 --modes static,dynamic,none --paths app --output-len 128 --concurrency 1024 --num-requests 1024 \
+    $W --set top_p=0.9
   ;;
-shapes)
-  W="--set kv_cache_dtype=fp8 --set max_num_seqs=${SEQS:-1536} --set cuda_graph_max_batch=${SEQS:-1536}"
-  bench H-qwen7b 170 --shape qwen2.5-7b --tokenizer-from $M --modes none,static --paths raw,app \
+final)
+  # The winner through HTTP (client processes), low load on every path, and the GQA shape.
+  W="--set kv_cache_dtype=fp8 --set max_num_seqs=1024 --set cuda_graph_max_batch=1024 --set temperature=0.8 --set top_p=1.0"
+  bench K-http 290 $BASE --paths raw,app,http --client-procs 6 --low-load-requests 10 \
+    --concurrency 1024 --num-requests 1024 --sweep ${RATES:-70,75,80} --sweep-duration-s 10 $W
+  bench L-qwen7b 190 --shape qwen2.5-7b --tokenizer-from $M --modes static,none --paths raw,app \
     --concurrency 1024 --num-requests 1024 --output-len 128 $W
-  bench I-long 170 --templates long --modes none,static --paths app --concurrency 1024 --num-requests 1024 \
-    --output-len 128 $W
-  bench J-vllm-http 220 $BASE --paths http,vllm-http --client-procs 6 --concurrency 1024 --num-requests 1024 $W
+  ;;
+http)
+  # The HTTP sweep alone, results straight into $OUT so a run cut short still returns its numbers.
+  RES=$OUT
+  W="--set kv_cache_dtype=fp8 --set max_num_seqs=1024 --set cuda_graph_max_batch=1024 --set temperature=0.8 --set top_p=1.0"
+  bench M-http 300 --modes "" --paths http --client-procs 6 --num-requests 1 --output-len 128 \
+    --sweep ${RATES:-75,70,80} --sweep-duration-s 10 $W
+  exit 0
   ;;
 esac
 tar -czf "$OUT/results-$stage.tar.gz" -C "$RES" .

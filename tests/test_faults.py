@@ -1,0 +1,124 @@
+"""Faults an operator fears, each on a real server process: a dying engine, a signal, bad settings."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+
+import psutil
+import sqlite_utils
+from gradio_client import Client
+
+from conftest import ROOT, AppProcess, app_env
+
+
+def health(url) -> dict:
+    try:
+        with urllib.request.urlopen(url + "healthz", timeout=5) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return json.loads(exc.read())
+
+
+def engine_core(server: AppProcess) -> psutil.Process:
+    for child in psutil.Process(server.proc.pid).children(recursive=True):
+        if "EngineCore" in " ".join(child.cmdline()) or "EngineCore" in child.name():
+            return child
+    raise AssertionError("no EngineCore child process")
+
+
+def start_answer(url, message):
+    job = Client(url, verbose=False).submit(message, [], "电商客服", None, api_name="/chat")
+    deadline = time.monotonic() + 60
+    while not job.outputs():
+        assert time.monotonic() < deadline, "no delta within 60 s"
+        time.sleep(0.01)
+    return job
+
+
+def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
+    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096))
+    try:
+        server.wait_ready()
+        assert health(server.url)["restarts"] == 0
+        job = start_answer(server.url, "请详细说明退货流程")
+        engine_core(server).kill()
+        final = job.result(timeout=60)
+        assert final["status"] == "error"
+        assert final["error"] == ("The answer broke off: the model stopped unexpectedly and is restarting; "
+                                  "please retry in a moment.")
+        deadline = time.monotonic() + 120
+        while (h := health(server.url))["restarts"] != 1 or not h["ok"]:
+            assert time.monotonic() < deadline, f"engine did not restart: {h}"
+            time.sleep(0.5)
+        again = Client(server.url, verbose=False).predict("还在吗？", [], "电商客服", None, api_name="/chat")
+        assert again["status"] == "ok" and again["num_cached_tokens"] == 0  # a new, empty KV cache
+        assert server.proc.poll() is None
+    finally:
+        assert server.stop() == 0
+    db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
+    broken = db["messages"].get(final["message_id"])
+    assert broken["status"] == "error" and broken["text"] == final["text"]
+    assert [r["status"] for r in db["messages"].rows_where("role = 'assistant'", order_by="id")] == ["error", "ok"]
+
+
+def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_path):
+    # Greedy sampling on the demo model never picks its end token: the answers run to max_tokens.
+    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, temperature=0))
+    try:
+        server.wait_ready()
+        db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
+        jobs = [Client(server.url, verbose=False).submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None,
+                                                         api_name="/chat") for i in range(3)]
+        deadline = time.monotonic() + 60
+        while db["messages"].count_where("status = 'generating'") < 3:
+            assert time.monotonic() < deadline, "three answers did not start"
+            time.sleep(0.05)
+        time.sleep(0.5)
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(60) == 0
+    finally:
+        server.stop()
+    answers = list(db["messages"].rows_where("role = 'assistant'", order_by="id"))
+    assert [a["status"] for a in answers] == ["stopped"] * 3
+    assert [a["error"] for a in answers] == ["stopped before the answer was complete"] * 3
+    assert all(0 < a["output_tokens"] < 6000 and len(a["text"]) > 0 for a in answers)  # partial, with stats
+    assert sorted(u["text"] for u in db["messages"].rows_where("role = 'user'")) == [
+        f"问题{i}：请详细介绍会员等级" for i in range(3)]
+    assert "Traceback" not in server.log()
+
+
+def run_app(tmp_path, **settings) -> subprocess.CompletedProcess:
+    env = app_env(tmp_path, **settings)
+    return subprocess.run([sys.executable, "-m", "app"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=180)
+
+
+def test_model_path_that_does_not_exist_names_the_setting(tmp_path):
+    out = run_app(tmp_path, model="./no/such/model")
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "prefixdesk: cannot start: PREFIXDESK_MODEL points to './no/such/model', which does not exist; "
+        "give a local model folder or a hub id. Hugging Face id or local path of the model; empty uses the "
+        "built-in demo model."
+    )
+
+
+def test_context_shorter_than_the_longest_template_names_the_setting(tmp_path):
+    out = run_app(tmp_path, max_model_len=1024, max_tokens=48)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        "prefixdesk: cannot start: PREFIXDESK_MAX_MODEL_LEN is 1024, but template '电商客服' alone is 1042 tokens"
+    )
+
+
+def test_kv_cache_too_small_for_one_request_names_the_setting(tmp_path):
+    out = run_app(tmp_path, kv_cache_mib=1)
+    assert out.returncode == 2
+    assert out.stderr.strip().splitlines()[-1] == (
+        "prefixdesk: cannot start: PREFIXDESK_KV_CACHE_MIB=1 holds 64 KV blocks of 32 tokens, but one request "
+        "of PREFIXDESK_MAX_MODEL_LEN=2048 tokens needs 65; raise PREFIXDESK_KV_CACHE_MIB to at least 2 or lower "
+        "PREFIXDESK_MAX_MODEL_LEN"
+    )
