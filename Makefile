@@ -26,5 +26,8 @@ run: install
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+soak: install
+	$(PY) -m app.soak $(SOAK_ARGS)
+
 clean:
 	rm -rf $(VENV) var test-output

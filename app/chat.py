@@ -48,18 +48,22 @@ footer { display: none !important; }
 """
 
 
-def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str) -> gr.Blocks:
+def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, tenant_header: str = "") -> gr.Blocks:
     """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
     t = TEXT[language]
     names = [tpl.name for tpl in desk.templates()]
     default = next((tpl.name for tpl in desk.templates() if tpl.language == language), names[0] if names else None)
 
-    async def respond(message: str, history: list[dict], template: str, conversation_id: int | None, session_key: str):
+    def tenant_of(request: gr.Request | None) -> str:
+        return (request.headers.get(tenant_header, "") if request and tenant_header else "")[:100]
+
+    async def respond(message: str, history: list[dict], template: str, conversation_id: int | None, session_key: str,
+                      request: gr.Request):
         session_key = session_key or _new_session_key()
         try:
             async for event in desk.answer(session_key=session_key, template_name=template,
                                            history=_turns(history), message=message,
-                                           conversation_id=conversation_id):
+                                           conversation_id=conversation_id, tenant=tenant_of(request)):
                 if isinstance(event, Progress):
                     conversation_id = event.conversation_id
                     yield event.text, conversation_id, session_key, gr.skip()
@@ -83,14 +87,19 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return chat, chat, conversation_id, template
 
     async def api_chat(message: str, history: list | None, template: str, conversation_id: float | None,
-                       request: gr.Request):
-        """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
+                       tenant: str, request: gr.Request):
+        """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats.
+
+        ``tenant`` (optional) keeps this caller's cached prefixes apart from every other tenant's;
+        a tenant header set by a proxy, when configured, takes precedence.
+        """
         session_key = f"api-{request.session_hash}"
         conversation_id = int(conversation_id) if conversation_id else None
         try:
             async for event in desk.answer(session_key=session_key, template_name=template,
                                            history=_turns(history or []), message=message,
-                                           conversation_id=conversation_id):
+                                           conversation_id=conversation_id,
+                                           tenant=tenant_of(request) or (tenant or "")[:100]):
                 if isinstance(event, Progress):
                     yield {"text": event.text, "done": False, "conversation_id": event.conversation_id}
                 else:
@@ -136,9 +145,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             api_history = gr.JSON()
             api_template = gr.Textbox()
             api_conversation = gr.Number(value=None)
+            api_tenant = gr.Textbox(value="")
             api_out = gr.JSON()
             api_btn = gr.Button()
-        api_btn.click(api_chat, [api_message, api_history, api_template, api_conversation], api_out,
+        api_btn.click(api_chat, [api_message, api_history, api_template, api_conversation, api_tenant], api_out,
                       api_name="chat", concurrency_limit=None)
     demo.css = CSS
     return demo

@@ -9,7 +9,10 @@ so nothing is lost, whatever happens to the request.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import hashlib
+import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -47,10 +50,20 @@ class Finished:
 
 
 class Desk:
-    def __init__(self, *, store: Store, engine: Engine, prompts: PromptBuilder):
+    def __init__(self, *, store: Store, engine: Engine, prompts: PromptBuilder, rate_limit_per_minute: int = 0,
+                 salt_secret: str = ""):
         self.store = store
         self.engine = engine
         self.prompts = prompts
+        self.rate_limit_per_minute = rate_limit_per_minute
+        self._salt_secret = salt_secret
+        self._sent: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    def tenant_salt(self, tenant: str) -> str | None:
+        """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else."""
+        if not tenant:
+            return None
+        return hmac.new(self._salt_secret.encode(), tenant.encode(), hashlib.sha256).hexdigest()[:32]
 
     def templates(self) -> list[TemplateInfo]:
         return self.store.published_templates()
@@ -66,6 +79,7 @@ class Desk:
         history: Sequence[Turn],
         message: str,
         conversation_id: int | None = None,
+        tenant: str = "",
         cache_salt: str | None = None,
         max_tokens: int | None = None,
         ignore_eos: bool = False,
@@ -83,6 +97,7 @@ class Desk:
                 f"This message has {len(message):,} characters; the limit is {MAX_MESSAGE_CHARS:,}. "
                 "Please shorten it or split it into several messages."
             )
+        self._check_rate(session_key)
         try:
             template = self.store.get_published(template_name)
         except TemplateNotFound as exc:
@@ -93,7 +108,7 @@ class Desk:
         try:
             if conversation_id is None:
                 conversation_id = self.store.create_conversation(
-                    session_key=session_key, template_id=template.id, title=message[:60]
+                    session_key=session_key, template_id=template.id, title=message[:60], tenant=tenant
                 )
             self.store.add_user_message(
                 conversation_id=conversation_id, text=message, template_version_id=template.version_id
@@ -109,6 +124,7 @@ class Desk:
             prompt = self.prompts.build(system_text(template.chain), _clean_turns(history), message)
             dropped = prompt.dropped_turns
             budget = min(prompt.max_tokens, max_tokens or prompt.max_tokens)
+            cache_salt = cache_salt or self.tenant_salt(tenant)
             # aclosing: a stop or disconnect closes the engine stream at once, which aborts the
             # request in vLLM instead of leaving it to the garbage collector.
             async with contextlib.aclosing(
@@ -142,6 +158,21 @@ class Desk:
                 result = AnswerResult(text=text, status="error", error="internal error; the answer was not completed")
                 self._finish(answer_id, result)
         yield Finished(self._finish(answer_id, result), dropped)
+
+    def _check_rate(self, session_key: str) -> None:
+        if not self.rate_limit_per_minute:
+            return
+        now = time.monotonic()
+        sent = self._sent[session_key]
+        while sent and sent[0] <= now - 60:
+            sent.popleft()
+        if len(sent) >= self.rate_limit_per_minute:
+            wait_s = int(sent[0] + 60 - now) + 1
+            raise DeskInputError(
+                f"You are sending messages faster than {self.rate_limit_per_minute} a minute; "
+                f"please wait {wait_s} s and send again."
+            )
+        sent.append(now)
 
     def _finish(self, answer_id: int, result: AnswerResult) -> MessageRow:
         try:

@@ -58,7 +58,9 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     )
     _check_templates_fit(store, prompts, settings)
     engine = engine or build_engine(settings, model)
-    return Services(settings, store, engine, prompts, Desk(store=store, engine=engine, prompts=prompts))
+    desk = Desk(store=store, engine=engine, prompts=prompts, rate_limit_per_minute=settings.rate_limit_per_minute,
+                salt_secret=_browser_secret(settings))
+    return Services(settings, store, engine, prompts, desk)
 
 
 def create_app(services: Services) -> FastAPI:
@@ -82,8 +84,8 @@ def create_app(services: Services) -> FastAPI:
 
     mount_admin(app, build_console(services))  # /admin, before the chat takes "/"
     chat = build_chat(services.desk, services.engine.info, language=services.settings.ui_language,
-                      browser_secret=_browser_secret(services.settings))
-    chat.queue(default_concurrency_limit=None)
+                      browser_secret=_browser_secret(services.settings), tenant_header=services.settings.tenant_header)
+    chat.queue(default_concurrency_limit=None, max_size=services.settings.queue_max_size)
     return gr.mount_gradio_app(app, chat, path="", footer_links=[])
 
 

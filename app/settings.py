@@ -82,6 +82,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("seed", 0, "Seed of the engine's sampler.", int),
     Setting("max_concurrent_requests", 64, "Answers generated at once; more are told the desk is busy.", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
+    Setting("rate_limit_per_minute", 30, "Messages one browser session may send a minute; 0 turns the limit off.", int),
+    Setting("queue_max_size", 256, "Chat requests the web server holds at once; more are told to retry.", int),
+    Setting("tenant_header", "", "HTTP header naming the tenant (set by a proxy); each tenant gets its own "
+            "cache_salt, so no tenant can see from timing what another has cached. Empty: one tenant."),
     # Cache view
     Setting("kv_events", True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.",
             _parse_bool),
@@ -145,6 +149,9 @@ class Settings:
     seed: int
     max_concurrent_requests: int
     drop_oldest_turns: bool
+    rate_limit_per_minute: int
+    queue_max_size: int
+    tenant_header: str
     kv_events: bool
     kv_events_endpoint: str
     sample_interval_s: float
@@ -220,6 +227,10 @@ def _validated(settings: Settings) -> Settings:
         fail("temperature", "must be between 0 and 2")
     if not 0 < settings.top_p <= 1:
         fail("top_p", "must be in (0, 1]")
+    if settings.rate_limit_per_minute < 0:
+        fail("rate_limit_per_minute", "must be 0 (off) or more")
+    if settings.queue_max_size < 1:
+        fail("queue_max_size", "must be at least 1")
     if settings.max_concurrent_requests < 1:
         fail("max_concurrent_requests", "must be at least 1")
     if settings.sample_interval_s < 0.1:

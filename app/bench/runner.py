@@ -186,7 +186,7 @@ class Bench:
         """Serve ``app`` with uvicorn on this loop at 127.0.0.1:``port``; returns its base URL."""
         import uvicorn
 
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
                                 timeout_keep_alive=600, backlog=4096)
         server = uvicorn.Server(config)
         server.install_signal_handlers = lambda: None  # older uvicorn; newer ones ask nothing of signals here
