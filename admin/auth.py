@@ -7,6 +7,9 @@ logging in is refused at their next click, and a hidden component never stands i
 
 from __future__ import annotations
 
+import collections
+import time
+
 import hashlib
 import hmac
 import secrets
@@ -152,3 +155,42 @@ def console_open(*, store: Store) -> bool:
 
 
 _DUMMY_HASH = hash_password(secrets.token_hex(8))
+
+
+LOCKOUT_WINDOW_S = 300.0
+
+
+class LoginThrottle:
+    """Counts failed logins per account; after ``attempts`` in LOCKOUT_WINDOW_S every login of that
+    account fails (even a correct one) until the window has passed, so passwords cannot be guessed."""
+
+    def __init__(self, attempts: int, clock=time.monotonic):
+        self.attempts = attempts
+        self._clock = clock
+        self._failures: dict[str, collections.deque[float]] = collections.defaultdict(collections.deque)
+
+    def locked(self, name: str) -> bool:
+        failures = self._failures[name]
+        while failures and failures[0] <= self._clock() - LOCKOUT_WINDOW_S:
+            failures.popleft()
+        return len(failures) >= self.attempts
+
+    def record_failure(self, name: str) -> None:
+        self._failures[name].append(self._clock())
+
+
+class SessionClock:
+    """When each console login token was first used; a token older than ``ttl_s`` has expired."""
+
+    def __init__(self, ttl_s: float, clock=time.monotonic):
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._first_seen: dict[str, float] = {}
+
+    def check(self, token: str | None) -> None:
+        """Raises NotAuthorized when the login behind ``token`` is older than ttl_s."""
+        if not token:
+            return
+        first = self._first_seen.setdefault(token, self._clock())
+        if self._clock() - first > self.ttl_s:
+            raise NotAuthorized("Your console session has expired: log out and log in again.")

@@ -27,9 +27,15 @@ footer { display: none !important; }
 def guard(console: Console, request: gr.Request | None) -> str:
     """The calling operator's name; raises gr.Error (shown to them, nothing done) otherwise."""
     try:
-        return console.operator(request.username if request is not None else None)
+        return console.operator(request.username if request is not None else None, _login_token(request))
     except auth.NotAuthorized as exc:
         raise gr.Error(str(exc), title="Not authorized") from None
+
+
+def _login_token(request: gr.Request | None) -> str | None:
+    """The value of Gradio's login cookie ("access-token…"), which identifies one login."""
+    cookies = getattr(request, "cookies", None) or {}
+    return next((v for k, v in cookies.items() if k.startswith("access-token")), None)
 
 
 @contextlib.contextmanager

@@ -44,6 +44,8 @@ class DeskLike(Protocol):
 
     def templates(self) -> Sequence[TemplateLike]: ...
 
+    def tenant_salt(self, tenant: str) -> str | None: ...
+
 
 class ApiError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
@@ -72,8 +74,13 @@ class ChatRequest:
     cache_salt: str | None  # as in vLLM's server: a private cache namespace for this request
 
 
-def build_openai_router(desk: DeskLike) -> APIRouter:
-    """The ``/v1/models`` and ``/v1/chat/completions`` routes on ``desk``'s templates and engine."""
+def build_openai_router(desk: DeskLike, *, tenant_header: str = "") -> APIRouter:
+    """The ``/v1/models`` and ``/v1/chat/completions`` routes on ``desk``'s templates and engine.
+
+    With ``tenant_header`` (set by a proxy), each tenant's prompts get the desk's salt for that
+    tenant, as in the chat, so no tenant can tell from timing what another has cached; a request's
+    own ``cache_salt`` then narrows that namespace further, never widens it.
+    """
     router = APIRouter(prefix="/v1")
 
     @router.get("/models")
@@ -92,8 +99,9 @@ def build_openai_router(desk: DeskLike) -> APIRouter:
             template = _find_template(desk, chat.model)
             prompt = desk.prompts.build(system_text(template.chain), chat.history, chat.message)
             budget = min(prompt.max_tokens, chat.max_tokens or prompt.max_tokens)
+            salt = _salt(desk, request.headers.get(tenant_header, "")[:100] if tenant_header else "", chat.cache_salt)
             stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
-                                        cache_salt=chat.cache_salt)
+                                        cache_salt=salt)
             # Take the first event before answering, so a busy engine is a 429, not a broken stream.
             first = await _first_event(stream)
         except ApiError as exc:
@@ -167,6 +175,13 @@ def _content_text(content: Any, i: int) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
         return "".join(str(p.get("text", "")) for p in content)
     raise ApiError(400, f"messages[{i}].content must be text.", code="invalid_content", param=f"messages[{i}].content")
+
+
+def _salt(desk: DeskLike, tenant: str, request_salt: str | None) -> str | None:
+    tenant_salt = desk.tenant_salt(tenant) if tenant else None
+    if tenant_salt and request_salt:
+        return f"{tenant_salt}/{request_salt}"
+    return tenant_salt or request_salt
 
 
 def _find_template(desk: DeskLike, name: str) -> TemplateLike:

@@ -78,7 +78,7 @@ def create_app(services: Services) -> FastAPI:
 
     from app.openai_api import build_openai_router
 
-    app.include_router(build_openai_router(services.desk))  # /v1: OpenAI-compatible chat on the templates
+    app.include_router(build_openai_router(services.desk, tenant_header=services.settings.tenant_header))
     from admin.console import build_console  # app/ imports admin/ only here, to mount the console
     from admin.ui import mount_admin
 

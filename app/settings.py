@@ -100,6 +100,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("admin_password", "", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
             "closed until one exists, e.g. from `python -m admin create-user NAME`). A weak one refuses to start."),
     Setting("admin_demo", False, "Demo mode: accept a weak admin password; the console shows a warning.", _parse_bool),
+    Setting("admin_session_ttl_s", 28800, "Seconds a console login lasts before the operator must log in again.", int),
+    Setting("admin_login_attempts", 5, "Failed console logins per account in 5 minutes before it is locked for the rest "
+            "of those 5 minutes.", int),
 )
 
 # Refused as an admin password unless admin_demo is on: anyone would guess them.
@@ -160,6 +163,8 @@ class Settings:
     admin_user: str
     admin_password: str = dataclasses.field(repr=False)
     admin_demo: bool
+    admin_session_ttl_s: int
+    admin_login_attempts: int
 
     @property
     def uses_demo_model(self) -> bool:
@@ -241,6 +246,10 @@ def _validated(settings: Settings) -> Settings:
         fail("sample_retention_h", "must be at least 1 hour")
     if settings.kv_events_endpoint and not settings.kv_events_endpoint.startswith(("tcp://", "ipc://")):
         fail("kv_events_endpoint", f"must start with tcp:// or ipc://, not {settings.kv_events_endpoint!r}")
+    if settings.admin_session_ttl_s < 1:
+        fail("admin_session_ttl_s", "must be at least 1")
+    if settings.admin_login_attempts < 1:
+        fail("admin_login_attempts", "must be at least 1")
     if not settings.admin_user.strip():
         fail("admin_user", "must not be empty")
     weakness = password_weakness(settings.admin_password) if settings.admin_password else None

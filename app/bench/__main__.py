@@ -158,7 +158,7 @@ async def main_async(args: argparse.Namespace) -> int:
             http_url = http_url or await bench.serve_http(openai_app(bench.desk), free_port())
             return {"kind": "http", "base_url": http_url + "/v1"}
         if path == "gradio":
-            gradio_url = gradio_url or await serve_full_app(bench, settings)
+            gradio_url = gradio_url or await serve_full_app(bench, settings, args.output_len)
             return {"kind": "gradio", "base_url": gradio_url}
         raise ValueError(path)
 
@@ -261,12 +261,16 @@ def comparisons(summaries) -> list[dict]:
     return out
 
 
-async def serve_full_app(bench, settings) -> str:
-    """The whole app (chat UI, OpenAI routes) on this engine, for the gradio path; returns its URL."""
+async def serve_full_app(bench, settings, output_len: int) -> str:
+    """The whole app (chat UI, OpenAI routes) on this engine, for the gradio path; returns its URL.
+
+    The chat stops at EOS and has no ignore_eos, so its answers are capped at ``output_len`` but may
+    end sooner; the JSON's output tok/s shows how long they were.
+    """
     from app.bench.runner import free_port
     from app.server import build_services, create_app
 
-    services = build_services(settings.replace(max_tokens=settings.max_tokens), engine=bench.engine)
+    services = build_services(settings.replace(max_tokens=output_len), engine=bench.engine)
     return await bench.serve_http(create_app(services), free_port()) + "/"
 
 

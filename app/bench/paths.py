@@ -86,6 +86,9 @@ class BenchDesk:
     def templates(self) -> Sequence[BenchTemplate]:
         return self.published
 
+    def tenant_salt(self, tenant: str) -> str | None:
+        return None  # one tenant: the benchmark's
+
 
 class OpenAITarget:
     """A streaming chat completion through the openai SDK; cached tokens come from ``usage``."""

@@ -113,12 +113,12 @@ def max_rate_within(summaries: Sequence[RunSummary], ttft_p99_ms: float) -> floa
 
 def table(summaries: Sequence[RunSummary]) -> str:
     """A plain-text table, one row per run, with the article's two columns first."""
-    head = (f"{'mode':<26}{'path':<10}{'schedule':<17}{'KV MiB':>8}{'mem MiB':>9}{'req/s':>8}{'tok/s':>9}"
+    head = (f"{'mode':<26}{'path':<12}{'schedule':<17}{'KV MiB':>8}{'mem MiB':>9}{'req/s':>8}{'tok/s':>9}"
             f"{'TTFT p50':>9}{'p99':>8}{'ITL p50':>8}{'e2e p50':>9}{'p99':>8}{'hit':>6}{'blocks':>8}{'err':>5}")
     lines = [head, "-" * len(head)]
     for s in summaries:
         lines.append(
-            f"{MODE_LABEL.get(s.mode, s.mode):<26}{s.path:<10}{s.schedule:<17}{s.kv_used_mib_peak:>8.0f}"
+            f"{MODE_LABEL.get(s.mode, s.mode):<26}{s.path:<12}{s.schedule:<17}{s.kv_used_mib_peak:>8.0f}"
             f"{s.memory_mib:>9.0f}{s.req_per_s:>8.2f}{s.output_tok_per_s:>9.0f}{s.ttft_p50_ms:>9.1f}"
             f"{s.ttft_p99_ms:>8.1f}{s.itl_p50_ms:>8.1f}{s.e2e_p50_ms:>9.0f}{s.e2e_p99_ms:>8.0f}"
             f"{s.hit_rate:>6.2f}{s.kv_blocks_peak:>8}{s.n_errors:>5}")

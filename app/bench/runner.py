@@ -13,7 +13,6 @@ import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from app.bench import loadgen
 from app.bench.loadgen import LoopLag, Sample
@@ -225,7 +224,3 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def model_dir_of(engine: LocalEngine) -> Path:
-    return Path(engine.info.model)
