@@ -50,3 +50,17 @@ def test_customer_chats_and_reopens_the_conversation_after_a_restart(browser, tm
         assert page.locator("#chatbot").get_by_text("我刚买的手机屏幕碎了能退吗？").count() == 1
     finally:
         assert server.stop() == 0
+
+
+def test_html_and_script_in_a_message_render_inert(browser, server_url):
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(server_url)
+    attack = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script><b>bold?</b>'
+    box = page.locator("#message textarea")
+    box.fill(attack)
+    box.press("Enter")
+    page.get_by_text(re.compile(r"缓存命中 \d+ / \d+ 个提示 token")).first.wait_for(timeout=60_000)
+    assert page.evaluate("window.__xss") is None  # neither the handler nor the script ran
+    assert page.locator("#chatbot script").count() == 0
+    assert page.locator("#chatbot img[onerror]").count() == 0
+    page.screenshot(path=str(OUTPUT_DIR / "chat-xss.png"), full_page=True)
