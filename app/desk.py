@@ -106,16 +106,12 @@ class Desk:
             raise DeskInputError("That conversation does not exist here; please start a new one.")
 
         try:
-            if conversation_id is None:
-                conversation_id = self.store.create_conversation(
-                    session_key=session_key, template_id=template.id, title=message[:60], tenant=tenant
-                )
-            self.store.add_user_message(
-                conversation_id=conversation_id, text=message, template_version_id=template.version_id
+            conversation_id, answer_id = self.store.begin_turn(
+                session_key=session_key, conversation_id=conversation_id, template_id=template.id,
+                template_version_id=template.version_id, text=message, tenant=tenant,
             )
-            answer_id = self.store.start_answer(conversation_id=conversation_id, template_version_id=template.version_id)
         except StoreError as exc:
-            raise DeskInputError(f"Your message could not be saved, so it was not sent: {exc}") from None
+            raise DeskInputError(f"Your message could not be saved, so it was not sent: {exc}.") from None
 
         text = ""
         result: AnswerResult | None = None

@@ -152,13 +152,6 @@ class Store:
 
     # -- conversations -----------------------------------------------------------------------
 
-    def create_conversation(self, *, session_key: str, template_id: int, title: str, tenant: str = "") -> int:
-        with self.session() as s:
-            conv = Conversation(session_key=session_key, template_id=template_id, title=title[:200], tenant=tenant)
-            s.add(conv)
-            s.flush()
-            return conv.id
-
     def conversation_owner(self, conversation_id: int) -> str | None:
         with self.session() as s:
             return s.scalar(select(Conversation.session_key).where(Conversation.id == conversation_id))
@@ -182,23 +175,26 @@ class Store:
             ).all()
             return [_message_row(m) for m in rows]
 
-    def add_user_message(self, *, conversation_id: int, text: str, template_version_id: int) -> int:
-        """Store the user's message (before any generation starts); returns its id."""
+    def begin_turn(self, *, session_key: str, conversation_id: int | None, template_id: int,
+                   template_version_id: int, text: str, tenant: str = "") -> tuple[int, int]:
+        """Store the user's message (and a new conversation if ``conversation_id`` is None) with an
+        empty answer row of status ``generating``, in one transaction; returns (conversation, answer) ids."""
         with self.session() as s:
-            m = Message(conversation_id=conversation_id, role="user", text=text, status="ok",
-                        template_version_id=template_version_id, finished_at=utcnow())
-            s.add(m)
+            if conversation_id is None:
+                conv = Conversation(session_key=session_key, template_id=template_id, title=text[:60], tenant=tenant)
+                s.add(conv)
+                s.flush()
+                conversation_id = conv.id
+            now = utcnow()
+            answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+                             template_version_id=template_version_id)
+            s.add_all([
+                Message(conversation_id=conversation_id, role="user", text=text, status="ok",
+                        template_version_id=template_version_id, created_at=now, finished_at=now),
+                answer,
+            ])
             s.flush()
-            return m.id
-
-    def start_answer(self, *, conversation_id: int, template_version_id: int | None) -> int:
-        """An empty answer row with status ``generating``; finish_answer completes it."""
-        with self.session() as s:
-            m = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
-                        template_version_id=template_version_id)
-            s.add(m)
-            s.flush()
-            return m.id
+            return conversation_id, answer.id
 
     def finish_answer(self, message_id: int, result: AnswerResult) -> MessageRow:
         with self.session() as s:
