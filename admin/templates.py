@@ -18,8 +18,11 @@ from sqlalchemy.orm import Session
 from admin import audit
 from app import template_files
 from app.models import Message, Template, TemplateVersion, utcnow
-from app.prompts import PromptBuilder, system_text
+from app.prompts import PromptBuilder, common_prefix_len, system_text
 from app.store import Store
+
+
+MAX_NAME_CHARS = 100
 
 
 class TemplateAdminError(ValueError):
@@ -210,7 +213,7 @@ def diff_versions(*, store: Store, meter: PrefixMeter, name: str, version_a: int
             raise UnknownVersion(f"{name!r} has no version {v}; it has versions 1 to {detail.latest.number}")
     ids_a = meter.prefix_ids(chain_for(store=store, name=name, text=texts[version_a]))
     ids_b = meter.prefix_ids(chain_for(store=store, name=name, text=texts[version_b]))
-    common = _common_prefix_len(ids_a, ids_b)
+    common = common_prefix_len(ids_a, ids_b)
     identical = ids_a == ids_b
     text_diff = "".join(difflib.unified_diff(
         texts[version_a].splitlines(keepends=True), texts[version_b].splitlines(keepends=True),
@@ -232,6 +235,11 @@ def create_template(*, store: Store, meter: PrefixMeter, name: str, text: str, u
     name, text = name.strip(), text.strip()
     if not name or not text:
         raise TemplateAdminError("A template needs a name and a text.")
+    if len(name) > MAX_NAME_CHARS:
+        raise TemplateAdminError(
+            f"A template name may have at most {MAX_NAME_CHARS} characters; this one has {len(name):,}. "
+            "Choose a shorter name."
+        )
     with store.session() as s:
         existing = s.scalar(select(Template).where(Template.name == name))
         if existing is not None:
@@ -399,15 +407,6 @@ def _check_tree_fits(s: Session, meter: PrefixMeter, t: Template, text: str) -> 
             visit(child, child_chain)
 
     visit(t, _chain(t, text))
-
-
-def _common_prefix_len(a: tuple[int, ...], b: tuple[int, ...]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _file_name(name: str) -> str:

@@ -45,6 +45,16 @@ class Prompt:
     max_tokens: int  # answer budget left by the context
 
 
+def common_prefix_len(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading token ids ``a`` and ``b`` share: the most a prefix cache can reuse between them."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def system_text(chain: Sequence[str]) -> str:
     """A template's system prompt: its ancestors' texts first, then its own, root first."""
     return PARENT_SEPARATOR.join(text.strip() for text in chain)

@@ -103,3 +103,18 @@ def test_control_characters_are_removed_before_storing(client, db):
     out = send(client, "退货\x00\x07流程\u200b？")
     assert out["status"] == "ok"
     assert db["messages"].get(out["message_id"] - 1)["text"] == "退货流程？"
+
+
+def test_a_ten_thousand_character_template_name_is_refused_everywhere(client, db, services):
+    from admin.console import build_console
+    from admin.templates import TemplateAdminError, create_template
+
+    name = "模" * 10_000
+    before = count(db, "templates")
+    with pytest.raises(TemplateAdminError) as exc:
+        create_template(store=services.store, meter=build_console(services).meter, name=name, text="x", user="op")
+    assert str(exc.value) == ("A template name may have at most 100 characters; this one has 10,000. "
+                              "Choose a shorter name.")
+    assert count(db, "templates") == before
+    out = send(client, "你好", template=name)  # the chat answers with the list, nothing stored
+    assert out["status"] == "rejected" and out["error"].startswith(f"There is no published template named '{name}'")

@@ -3,18 +3,9 @@
 import uuid
 
 from app.engine import RequestStats
-from app.prompts import Turn, system_text
+from app.prompts import Turn, common_prefix_len, system_text
 
 from conftest import collect
-
-
-def common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def stats_of(aio, engine, token_ids, salt) -> RequestStats:

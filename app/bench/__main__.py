@@ -12,7 +12,6 @@ Prints a table shaped like the article's and writes ``bench.json`` and ``bench.p
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -267,7 +266,9 @@ def main(argv: list[str]) -> int:
 
     args = parse_args(argv)
     try:
-        return asyncio.run(main_async(args))
+        from app.bench.loadgen import run_loop
+
+        return run_loop(main_async(args))
     except SettingsError as exc:
         print(f"app.bench: {exc}", file=sys.stderr)
         return 2

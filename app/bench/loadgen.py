@@ -134,7 +134,16 @@ def run_client_job(job: ClientJob) -> list[Sample]:
         finally:
             await target.close()
 
-    return asyncio.run(main())
+    return run_loop(main())
+
+
+def run_loop(coro):
+    """Run ``coro`` on uvloop when it is installed, as uvicorn serves the app, else on asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 async def run_in_client_processes(target: dict, requests: Sequence[BenchRequest], *, max_tokens: int, procs: int,
