@@ -221,17 +221,18 @@ class LocalEngine:
     def __init__(self, settings: Settings, model_path: Path | str):
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         on_cpu = current_platform.is_cpu()
         self._settings = settings
-        self.max_concurrent_requests = settings.max_concurrent_requests
+        self.flags = resolve_flags(settings, on_cpu=on_cpu)
+        # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
+        self.max_concurrent_requests = settings.max_concurrent_requests or 2 * self.flags.max_num_seqs
         self._monitor = _CacheMonitor()
         self._in_flight = 0
         self._active: set[str] = set()
         self._ids = itertools.count()
         block_size = settings.block_size or (32 if on_cpu else 16)
-        self.flags = flags = resolve_flags(settings, on_cpu=on_cpu)
+        flags = self.flags
         if not on_cpu and flags.cascade_attention:
             # vLLM 0.26 runs dense models on its V2 model runner, which has no cascade path.
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
@@ -289,7 +290,7 @@ class LocalEngine:
             kv_cache_bytes=settings.kv_cache_mib << 20 if on_cpu else _gpu_kv_cache_bytes(self._llm.vllm_config),
             max_model_len=self._llm.vllm_config.model_config.max_model_len,
             max_num_seqs=sched.max_num_seqs,
-            max_concurrent_requests=settings.max_concurrent_requests,
+            max_concurrent_requests=self.max_concurrent_requests,
         )
 
     def _new_llm(self):

@@ -80,7 +80,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("temperature", 0.7, "Sampling temperature of answers.", float),
     Setting("top_p", 0.9, "Nucleus sampling threshold of answers.", float),
     Setting("seed", 0, "Seed of the engine's sampler.", int),
-    Setting("max_concurrent_requests", 64, "Answers generated at once; more are told the desk is busy.", int),
+    Setting("max_concurrent_requests", 0, "Answers generated at once; more are told the desk is busy. "
+            "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU).", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
     Setting("rate_limit_per_minute", 30, "Messages one browser session may send a minute; 0 turns the limit off.", int),
     Setting("queue_max_size", 256, "Chat requests the web server holds at once; more are told to retry.", int),
@@ -236,8 +237,8 @@ def _validated(settings: Settings) -> Settings:
         fail("rate_limit_per_minute", "must be 0 (off) or more")
     if settings.queue_max_size < 1:
         fail("queue_max_size", "must be at least 1")
-    if settings.max_concurrent_requests < 1:
-        fail("max_concurrent_requests", "must be at least 1")
+    if settings.max_concurrent_requests < 0:
+        fail("max_concurrent_requests", "must be 0 (twice max_num_seqs) or more")
     if settings.sample_interval_s < 0.1:
         fail("sample_interval_s", f"must be at least 0.1 seconds, not {settings.sample_interval_s}")
     if settings.keep_warm_interval_s < 0:

@@ -103,7 +103,7 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     page.locator("#cache-numbers").get_by_text("total blocks").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
-    page.locator("#cache-templates").get_by_text("9 / 9").wait_for(timeout=30_000)  # 电子产品 resident
+    page.locator("#cache-templates").get_by_text("9 / 9").first.wait_for(timeout=30_000)  # 电子产品 resident
     for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
         page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
     time.sleep(1)  # let the plots draw before the picture

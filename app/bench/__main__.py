@@ -214,9 +214,10 @@ async def main_async(args: argparse.Namespace) -> int:
     if args.cross_check:
         summaries.append(await cross_check(settings, args, prompts, templates, block_bytes, workload_for, n,
                                            schedule_for))
+        record(summaries[-1])
     if "vllm-http" in paths:
         summaries += await run_vllm_http(settings, engine.flags, model_dir, args, modes, workload_for, n,
-                                         schedule_for, block_bytes)
+                                         schedule_for, record)
 
     sweep = None
     if sweep_runs:

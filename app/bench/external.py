@@ -43,7 +43,7 @@ async def cross_check(settings, args, prompts, templates, block_bytes, workload_
     return replace(summary, mode="none", path="app-nocache")
 
 
-async def run_vllm_http(settings, flags, model_dir, args, modes, workload_for, n, schedule_for, block_bytes):
+async def run_vllm_http(settings, flags, model_dir, args, modes, workload_for, n, schedule_for, record):
     """vLLM's own OpenAI server with the same flags and model, driven by the same client."""
     import signal
     import subprocess
@@ -113,7 +113,8 @@ async def run_vllm_http(settings, flags, model_dir, args, modes, workload_for, n
             s = report.summarize(samples, path="vllm-http", mode=mode, schedule=schedule.label,
                                  offered_req_per_s=schedule.rate_per_s, window=window)
             out.append(s)
-            print(report.table([s]).splitlines()[-1], f"({time.time() - t_start:.0f} s)", flush=True)
+            record(s)
+            print(f"app.bench: vllm-http {mode} took {time.time() - t_start:.0f} s", flush=True)
     except RuntimeError as exc:
         print(f"app.bench: vllm-http skipped: {exc}", file=sys.stderr, flush=True)
     finally:
