@@ -177,6 +177,12 @@ class AppProcess:
             except Exception:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
+        # A worker whose engine process was killed can outlive the server for a while, spinning on
+        # the core the next engine binds to; the server's process group takes it along.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self._log.close()
         return self.proc.returncode
 

@@ -64,6 +64,19 @@ def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
     assert [r["status"] for r in db["messages"].rows_where("role = 'assistant'", order_by="id")] == ["error", "ok"]
 
 
+SIGNAL_WHEN_GENERATING = """
+import os, signal, sqlite3, sys, time
+db, pid = sqlite3.connect(sys.argv[1]), int(sys.argv[2])
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if db.execute("select count(*) from messages where status = 'generating'").fetchone()[0] == 3:
+        time.sleep(0.5)
+        break
+    time.sleep(0.05)
+os.kill(pid, signal.SIGTERM)
+"""
+
+
 def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_path):
     # Greedy sampling on the demo model never picks its end token: the answers run to max_tokens.
     server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, temperature=0))
@@ -74,9 +87,10 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_pat
         clients = [Client(server.url, verbose=False) for _ in range(3)]
         jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, api_name="/chat")
                 for i, c in enumerate(clients)]
-        # The signal comes from a separate process on a timer: gradio_client's streaming threads can
-        # starve this process for seconds, and the answers must still be running when it arrives.
-        subprocess.Popen(["sh", "-c", f"sleep 3; kill -TERM {server.proc.pid}"])
+        # A separate process sends the signal once all three answers are running: gradio_client's
+        # streaming threads can starve this process for seconds.
+        subprocess.Popen([sys.executable, "-c", SIGNAL_WHEN_GENERATING, str(tmp_path / "prefixdesk.db"),
+                          str(server.proc.pid)])
         assert server.proc.wait(60) == 0
     finally:
         server.stop()
