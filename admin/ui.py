@@ -50,6 +50,7 @@ def refusals() -> Iterator[None]:
 
 
 def build_admin(console: Console) -> gr.Blocks:
+    from admin.bench_ui import build_bench_tab
     from admin.cache_ui import build_cache_tab
     from admin.templates_ui import build_templates_tab
     from admin.warmup_ui import build_warmup_tab
@@ -75,6 +76,8 @@ def build_admin(console: Console) -> gr.Blocks:
                 build_warmup_tab(demo, console, guard=require_operator)
             with gr.Tab("Cache", id="cache"):
                 build_cache_tab(console.services, require_operator=require_operator)
+            with gr.Tab("Benchmark", id="benchmark"):
+                build_bench_tab(console.services, require_operator=require_operator)
             with gr.Tab("Audit log", id="audit") as audit_tab:
                 audit_table = gr.Dataframe(headers=["time (UTC)", "operator", "action", "target", "before", "after"],
                                            interactive=False, elem_id="audit-table")

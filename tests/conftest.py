@@ -72,9 +72,7 @@ def settings(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def services(settings):
-    from app.server import build_services
-
-    services = build_services(settings)
+    services = start_services(settings)
     yield services
     services.close()
 
@@ -106,6 +104,18 @@ def server_url(services, engine_loop):
     yield f"http://127.0.0.1:{services.settings.port}/"
     server.should_exit = True
     future.result(timeout=30)
+
+
+def start_services(settings):
+    """build_services in a thread of its own: vLLM's AsyncLLM attaches to any event loop running in
+    the thread that creates it (Playwright's sync API keeps one in the main thread), and this one
+    must attach to the engine loop on its first request instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.server import build_services
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(build_services, settings).result()
 
 
 async def collect(stream) -> list:

@@ -67,5 +67,5 @@ def test_the_chat_session_cannot_call_the_console(server_url):
     chat = httpx.Client()
     chat.get(server_url)  # a customer's browser session on the chat
     assert chat.get(server_url + "admin/config").status_code == 401
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="as credentials were not provided. Please login."):
         Client(server_url + "admin/", verbose=False)

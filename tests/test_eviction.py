@@ -26,11 +26,9 @@ LONG = "长文客服"  # added for this test: a long template sharing no block w
 
 @pytest.fixture(scope="module")
 def small(tmp_path_factory, aio):
-    from app.server import build_services
-
     settings = conftest.test_settings(tmp_path_factory.mktemp("small-kv"), kv_cache_mib=1, max_model_len=1600,
                              max_tokens=16, keep_warm_interval_s=0)
-    services = build_services(settings)
+    services = conftest.start_services(settings)
     english = services.store.get_published("support-en").chain[0]
     chinese = services.store.get_published(PINNED).chain[0]
     with services.store.session() as s:
