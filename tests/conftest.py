@@ -82,6 +82,22 @@ def engine(services):
     return services.engine
 
 
+@pytest.fixture(scope="module")
+def client(server_url):
+    """A gradio_client on the chat app (one browser session per test module)."""
+    from gradio_client import Client
+
+    return Client(server_url, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def db(settings):
+    """The session database, opened with sqlite-utils to check what was stored."""
+    import sqlite_utils
+
+    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
+
+
 @pytest.fixture(scope="session")
 def server_url(services, engine_loop):
     """A real uvicorn server for the app, on the engine's loop, on a free port."""

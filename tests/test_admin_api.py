@@ -4,7 +4,6 @@ import uuid
 
 import httpx
 import pytest
-import sqlite_utils
 from gradio_client import Client
 
 from admin import auth
@@ -22,11 +21,6 @@ def admin_url(server_url, services):
 @pytest.fixture(scope="module")
 def admin(admin_url):
     return Client(admin_url, auth=OPERATOR, verbose=False)
-
-
-@pytest.fixture(scope="module")
-def db(settings):
-    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
 
 
 def rows_of(table_value) -> list[list]:

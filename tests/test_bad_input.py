@@ -3,20 +3,9 @@
 import time
 
 import pytest
-import sqlite_utils
 from gradio_client import Client
 
 from app.prompts import PromptTooLong, Turn, system_text
-
-
-@pytest.fixture(scope="module")
-def client(server_url):
-    return Client(server_url, verbose=False)
-
-
-@pytest.fixture(scope="module")
-def db(settings):
-    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
 
 
 def send(client, message, template="电商客服", history=None):

@@ -13,19 +13,10 @@ from pathlib import Path
 from app.bench import ABResult, run_ab
 from app.bench.report import max_rate_within, percentile
 from app.bench.workload import build_workload, poisson_arrivals, questions, shop_variants, template_set
-from app.prompts import system_text
+from app.prompts import common_prefix_len, system_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = "电商客服"
-
-
-def common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def test_questions_are_distinct_and_repeatable():

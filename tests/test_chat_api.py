@@ -5,18 +5,7 @@ import threading
 import time
 
 import pytest
-import sqlite_utils
 from gradio_client import Client
-
-
-@pytest.fixture(scope="module")
-def client(server_url):
-    return Client(server_url, verbose=False)
-
-
-@pytest.fixture(scope="module")
-def db(settings):
-    return sqlite_utils.Database(settings.database_url.removeprefix("sqlite:///"))
 
 
 def chat(client, message, template="电商客服", history=None, conversation_id=None):

@@ -5,18 +5,9 @@ import uuid
 import openai
 import pytest
 
-from app.prompts import Turn, system_text
+from app.prompts import Turn, common_prefix_len, system_text
 
 TEMPLATE = "电商客服"
-
-
-def common_prefix_len(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @pytest.fixture(scope="module")

@@ -3,14 +3,8 @@
 import uuid
 
 import pytest
-from gradio_client import Client
 
 from app.desk import Desk, DeskInputError, Finished
-
-
-@pytest.fixture(scope="module")
-def client(server_url):
-    return Client(server_url, verbose=False)
 
 
 def ask(client, message, tenant):
