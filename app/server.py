@@ -69,12 +69,12 @@ def create_app(services: Services) -> FastAPI:
 
     @app.get("/healthz")
     async def healthz():
-        ok = await services.engine.check_health()
+        health = await services.engine.health()
         info = services.engine.info
-        body = {"ok": ok, "model": info.model, "demo_model": info.is_demo_model, "block_size": info.block_size,
+        body = {"ok": health.ok, "reason": health.reason, "model": info.model, "demo_model": info.is_demo_model, "block_size": info.block_size,
                 "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
                 "restarting": services.engine.restarting}
-        return JSONResponse(body, status_code=200 if ok else 503)
+        return JSONResponse(body, status_code=200 if health.ok else 503)
 
     from app.openai_api import build_openai_router
 

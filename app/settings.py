@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from app.model_aliases import ALIASES
+
 ENV_PREFIX = "PREFIXDESK_"
 
 
@@ -55,7 +57,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("templates_dir", "templates", "Folder of template files that seed an empty database."),
     Setting("ui_language", "zh", "Language of the chat and console text: zh or en."),
     # Model
-    Setting("model", "", "Hugging Face id or local path of the model; empty uses the built-in demo model."),
+    Setting("model", "", "Hugging Face id or local path of the model, or qwen2.5-0.5b-demo (a real small chat model that `make demo-model` prepares); empty uses the built-in random-weight demo model."),
+    Setting("engine", "local", "Where answers are generated: local (vLLM in this process) or remote (an "
+            "OpenAI-compatible server at PREFIXDESK_ENGINE_URL, normally vllm-router in front of vllm serve replicas)."),
+    Setting("engine_url", "", "Base URL of the remote engine (PREFIXDESK_ENGINE=remote), e.g. http://127.0.0.1:8000."),
+    Setting("engine_stall_timeout_s", 30.0, "Seconds an engine may hold requests without any progress before "
+            "/healthz reports it down and it is restarted as after a crash.", float),
     Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model."),
     Setting("dtype", "auto", "Weight and activation dtype (auto, bfloat16, float16, float32)."),
     Setting("trust_remote_code", False, "Allow the model's own code (needed by Baichuan2).", _parse_bool),
@@ -130,6 +137,9 @@ class Settings:
     templates_dir: Path
     ui_language: str
     model: str
+    engine: str
+    engine_url: str
+    engine_stall_timeout_s: float
     tokenizer: str
     dtype: str
     trust_remote_code: bool
@@ -257,7 +267,14 @@ def _validated(settings: Settings) -> Settings:
     if weakness and not settings.admin_demo:
         fail("admin_password", f"is too weak ({weakness}); choose a stronger one, or set PREFIXDESK_ADMIN_DEMO=true "
              "for a demo that nobody else can reach")
-    if settings.model and not _looks_like_hub_id(settings.model) and not Path(settings.model).exists():
+    if settings.engine not in ("local", "remote"):
+        fail("engine", f"must be local or remote, not {settings.engine!r}")
+    if settings.engine == "remote" and not settings.engine_url.startswith(("http://", "https://")):
+        fail("engine_url", f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {settings.engine_url!r}")
+    if settings.engine_stall_timeout_s < 1:
+        fail("engine_stall_timeout_s", f"must be at least 1 second, not {settings.engine_stall_timeout_s}")
+    if (settings.model and settings.model not in ALIASES and not _looks_like_hub_id(settings.model)
+            and not Path(settings.model).exists()):
         fail("model", f"points to {settings.model!r}, which does not exist; give a local model folder or a hub id")
     return settings
 
@@ -275,3 +292,13 @@ def help_text() -> str:
         lines.append(f"  {s.env} (default {s.default!r})")
         lines.append(f"      {s.help}")
     return "\n".join(lines)
+
+
+def markdown_table() -> str:
+    """README's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
+    rows = ["| variable | default | what it does |", "|---|---|---|"]
+    for s in SETTINGS:
+        default = s.default
+        shown = "(empty)" if default in ("", None) else f"`{str(default).lower() if isinstance(default, bool) else default}`"
+        rows.append(f"| `{s.env}` | {shown} | {s.help} |")
+    return "\n".join(rows)

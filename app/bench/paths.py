@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 from app.bench.loadgen import Sample, Timer
 from app.bench.workload import BenchRequest, BenchTemplate
-from app.engine import Delta, LocalEngine, RequestStats
+from app.engine import Delta, RequestStats
+from app.engine.local import LocalEngine
 from app.prompts import PromptBuilder
 
 IN_PROCESS_PATHS = ("raw", "app")

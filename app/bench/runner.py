@@ -19,7 +19,7 @@ from app.bench.loadgen import LoopLag, Sample
 from app.bench.paths import AppTarget, BenchDesk, RawTarget
 from app.bench.report import EngineWindow, RunSummary, percentile, summarize
 from app.bench.workload import BenchTemplate, Workload
-from app.engine import LocalEngine
+from app.engine.local import LocalEngine
 from app.prompts import PromptBuilder
 
 WARM_QUESTION = "你好"

@@ -1,0 +1,126 @@
+"""What the app knows of an engine: its errors, its results and the ``Engine`` protocol.
+
+Every backend (the in-process ``LocalEngine``, the HTTP ``RemoteEngine``) speaks these types, so
+nothing above the engine package sees a vLLM object or an HTTP response.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from app.engine.residency import ResidencyMirror
+
+
+class EngineError(RuntimeError):
+    """Generation failed inside the engine; the message is safe to show to a user."""
+
+
+class EngineBusy(EngineError):
+    """More answers are being generated than ``max_concurrent_requests`` allows."""
+
+
+class EngineRejected(EngineError):
+    """The engine refused the request as sent (a bad parameter); retrying the same request fails again."""
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not start with these settings; the message names what to change."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    model: str
+    is_demo_model: bool
+    device: str  # "cpu" or "cuda"
+    block_size: int
+    num_blocks: int
+    kv_cache_bytes: int
+    max_model_len: int
+    max_num_seqs: int
+    max_concurrent_requests: int
+    backend: str = "local"  # "local" (in-process AsyncLLM) or "remote" (OpenAI-compatible server)
+
+
+@dataclass(frozen=True)
+class Delta:
+    """New answer text from one engine step."""
+
+    text: str
+
+
+@dataclass(frozen=True)
+class RequestStats:
+    """How one request went, measured in the app's process."""
+
+    prompt_tokens: int
+    num_cached_tokens: int
+    output_tokens: int
+    ttft_ms: float
+    decode_tokens_per_s: float
+    finish_reason: str  # "stop", "length" or "abort"
+    replica: str = ""  # the replica that served it (remote engine), "" in-process
+
+
+@dataclass(frozen=True)
+class CacheSnapshot:
+    """The prefix cache and scheduler as the last engine step left them."""
+
+    num_blocks: int
+    block_size: int
+    kv_cache_usage: float  # 0-1, blocks held by running requests
+    running: int
+    waiting: int
+    queries: int  # prompt tokens looked up since start (vLLM's "queries")
+    hits: int  # of those, tokens found in the cache
+    recent_queries: int  # the same over the last HIT_RATE_WINDOW_S seconds
+    recent_hits: int
+    resets: int
+    max_running_seen: int
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+    @property
+    def recent_hit_rate(self) -> float:
+        return self.recent_hits / self.recent_queries if self.recent_queries else 0.0
+
+
+@dataclass(frozen=True)
+class Health:
+    """Whether the engine answers, and why not."""
+
+    ok: bool
+    reason: str = ""  # empty when ok
+
+
+class Engine(Protocol):
+    """What the app needs from a backend."""
+
+    info: EngineInfo
+    residency: ResidencyMirror | None  # None when KV-cache events are off
+    restarts: int
+
+    def stream(
+        self,
+        prompt_token_ids: Sequence[int],
+        *,
+        max_tokens: int,
+        cache_salt: str | None = None,
+        ignore_eos: bool = False,
+        request_id: str | None = None,
+        routing_key: str | None = None,
+    ) -> AsyncIterator[Delta | RequestStats]: ...
+
+    async def abort_all(self) -> int: ...
+
+    def snapshot(self) -> CacheSnapshot: ...
+
+    async def health(self) -> Health: ...
+
+    async def reset_prefix_cache(self) -> bool: ...
+
+    def shutdown(self) -> None: ...
