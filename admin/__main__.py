@@ -17,9 +17,10 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from admin import auth, templates as repo
+    from admin import operators
+    from app.db import open_database
+    from app.db import templates as db_templates
     from app.settings import SettingsError, load_settings
-    from app.store import open_store
 
     parser = argparse.ArgumentParser(prog="python -m admin", description="prefixdesk operator tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -37,24 +38,24 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print(f"python -m admin: {exc}", file=sys.stderr)
         return 2
-    store = open_store(settings.database_url)
+    db = open_database(settings.database_url)
     try:
         if args.command in ("create-user", "set-password"):
             password = _read_password()
             if args.command == "create-user":
-                auth.create_operator(store=store, name=args.name, password=password)
+                operators.create(db, name=args.name, password=password)
             else:
-                auth.set_password(store=store, name=args.name, password=password)
+                operators.set_password(db, name=args.name, password=password)
             print(f"operator {args.name!r} can now log in at /admin")
         elif args.command == "disable-user":
-            auth.disable_operator(store=store, name=args.name)
+            operators.disable(db, name=args.name)
             print(f"operator {args.name!r} is disabled")
         elif args.command == "list-users":
-            for o in auth.list_operators(store=store):
+            for o in operators.list_all(db):
                 print(f"{o.name}\t{o.source}\t{o.created_at:%Y-%m-%d %H:%M}\t{'disabled' if o.disabled else 'active'}")
         elif args.command == "export-templates":
             args.folder.mkdir(parents=True, exist_ok=True)
-            for file_name, content in repo.export_files(store=store):
+            for file_name, content in db.run(db_templates.export_files):
                 (args.folder / file_name).write_text(content, encoding="utf-8")
                 print(args.folder / file_name)
         elif args.command == "export-table":
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
         print(f"python -m admin: {exc}", file=sys.stderr)
         return 1
     finally:
-        store.close()
+        db.close()
     return 0
 
 
@@ -85,8 +86,9 @@ def _export_table(database_url: str, table: str, fmt: str) -> None:
     if not database_url.startswith("sqlite:///"):
         raise ValueError("export-table reads SQLite databases only")
     db = sqlite_utils.Database(database_url.removeprefix("sqlite:///"))
-    if table == "operators" or table not in db.table_names():
-        names = [t for t in db.table_names() if t not in ("operators", "alembic_version")]
+    private = ("operators", "admin_sessions", "alembic_version")
+    if table in private or table not in db.table_names():
+        names = [t for t in db.table_names() if t not in private]
         raise LookupError(f"no exportable table {table!r}; choose one of: {', '.join(names)}")
     rows = list(db[table].rows)
     if fmt == "json":

@@ -1,91 +1,120 @@
-"""The prefix cache as a tree: cached blocks from the residency mirror, labelled with templates.
+"""The prefix cache as a tree of templates: what is cached, told the way the templates table tells it.
 
-vLLM's blocks form a trie (each block hash chains over its parent's), so a parent template's
-blocks appear once with its children branching off them. ``cache_tree`` turns the mirror's radix
-tree into ``TreeNode``s that name the templates whose prefix ends in each branch and count which
-blocks are template prefix and which are conversation turns; ``render_tree_html`` draws it.
+vLLM's blocks form a trie (each block hash chains over its parent's), so a parent template's blocks
+appear once with its children branching off them. ``cache_tree`` labels the mirror's radix tree
+with the templates whose prefixes it holds; everything past a template's prefix is a conversation
+(or a warmup's probe) and is counted per template instead of drawn; roots in a private namespace
+(a tenant's or a benchmark's cache salt) are counted in one line. Each template's numbers are the
+same lookup the table makes, so the two always agree.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.desk import Desk
-from app.engine import CacheBranch, Engine
+from app.catalog import TemplateCatalog
+from app.engine import CacheBranch, ResidencyMirror
+
+
+@dataclass(frozen=True)
+class TemplateOnNode:
+    name: str
+    resident_blocks: int  # of its prefix, from the root: the table's "resident blocks"
+    num_blocks: int  # full blocks of its prefix
 
 
 @dataclass(frozen=True)
 class TreeNode:
-    num_blocks: int  # blocks of this branch
-    num_blocks_below: int  # blocks of this branch and all under it
-    template_blocks: int  # of this branch's blocks, those inside some template's prefix
-    templates_ending: tuple[str, ...]  # templates whose cached prefix ends in this branch
-    cache_salt: str | None  # a root branch of a salted namespace (a tenant's private cache)
+    templates: tuple[TemplateOnNode, ...]  # templates whose resident prefix ends on this node
+    prefix_blocks: int  # blocks of this node that are template prefix
+    conversations: int  # branches past a template prefix (conversations, warmup probes) below this node
+    conversation_blocks: int
     children: tuple[TreeNode, ...]
 
 
-def cache_tree(*, desk: Desk, engine: Engine) -> list[TreeNode]:
-    """The cached blocks as a tree, biggest root first; empty when KV-cache events are off."""
-    mirror = engine.residency
-    if mirror is None:
-        return []
-    paths = {t.name: mirror.match(desk.prefix_ids(t)).block_ids for t in desk.templates()}
-    on_prefix = {block_id for path in paths.values() for block_id in path}
-    ends = {}
-    for name, path in paths.items():
-        if path:
-            ends.setdefault(path[-1], []).append(name)
-    roots = [_node(b, on_prefix, ends) for b in mirror.tree()]
-    return sorted(roots, key=lambda n: -n.num_blocks_below)
+@dataclass(frozen=True)
+class CacheTree:
+    roots: tuple[TreeNode, ...]
+    salted_namespaces: int  # root branches with a cache salt
+    salted_blocks: int
+    other_branches: int  # unsalted roots that start with no template's prefix
+    other_blocks: int
+
+    @property
+    def empty(self) -> bool:
+        return not self.roots and not self.salted_namespaces and not self.other_branches
 
 
-def render_tree_html(nodes: Sequence[TreeNode], *, block_size: int, language: str = "en") -> str:
-    """Nested lists: each branch with its block count, template names, and conversation blocks."""
-    if not nodes:
-        return f"<p>{_t(language, 'The prefix cache is empty.', '前缀缓存为空。')}</p>"
-    return f'<div class="cache-tree">{_list(nodes, block_size, language)}</div>'
-
-
-def _node(branch: CacheBranch, on_prefix: set[int], ends: dict[int, list[str]]) -> TreeNode:
-    names = tuple(name for block_id in branch.block_ids for name in ends.get(block_id, ()))
-    children = tuple(sorted((_node(c, on_prefix, ends) for c in branch.children),
-                            key=lambda n: -n.num_blocks_below))
-    return TreeNode(
-        num_blocks=branch.num_blocks,
-        num_blocks_below=branch.num_blocks_below,
-        template_blocks=sum(1 for block_id in branch.block_ids if block_id in on_prefix),
-        templates_ending=names,
-        cache_salt=branch.cache_salt,
-        children=children,
-    )
-
-
-def _list(nodes: Sequence[TreeNode], block_size: int, language: str) -> str:
-    items = []
-    for n in nodes:
-        if n.templates_ending:
-            title = " · ".join(html.escape(name) for name in n.templates_ending)
-        elif n.template_blocks:
-            title = _t(language, "shared prefix", "共享前缀")
+def cache_tree(*, catalog: TemplateCatalog, mirror: ResidencyMirror) -> CacheTree:
+    """The mirror's cached blocks labelled with ``catalog``'s templates."""
+    ends: dict[int, list[TemplateOnNode]] = {}
+    on_prefix: set[int] = set()
+    for t in catalog.all():
+        match = mirror.match(catalog.prefix_ids(t.name))
+        on_prefix.update(match.block_ids)
+        if match.block_ids:
+            ends.setdefault(match.block_ids[-1], []).append(TemplateOnNode(t.name, match.resident_blocks,
+                                                                          match.num_blocks))
+    roots, salted, salted_blocks, other, other_blocks = [], 0, 0, 0, 0
+    for branch in mirror.tree():
+        if branch.cache_salt:
+            salted += 1
+            salted_blocks += branch.num_blocks_below
+        elif branch.block_ids[0] in on_prefix:
+            roots.append(_node(branch, on_prefix, ends))
         else:
-            title = _t(language, "conversation turns", "对话内容")
-        if n.cache_salt:
-            title += f' <span class="salt">[{_t(language, "salted", "加盐")} {html.escape(n.cache_salt[:8])}…]</span>'
-        turns = n.num_blocks - n.template_blocks
-        detail = _t(language, f"{n.num_blocks} blocks", f"{n.num_blocks} 个块")
-        if n.template_blocks and turns:
-            detail += _t(language, f" ({n.template_blocks} template, {turns} conversation)",
-                         f"（模板 {n.template_blocks}，对话 {turns}）")
-        detail += f" · {n.num_blocks * block_size} tokens"
-        if n.children:
-            detail += _t(language, f" · {n.num_blocks_below} with branches", f" · 含分支共 {n.num_blocks_below} 个块")
-        bar = "▮" * min(n.num_blocks, 40) + ("…" if n.num_blocks > 40 else "")
-        sub = _list(n.children, block_size, language) if n.children else ""
-        items.append(f"<li><b>{title}</b> — {detail}<br><code>{bar}</code>{sub}</li>")
-    return "<ul>" + "".join(items) + "</ul>"
+            other += 1
+            other_blocks += branch.num_blocks_below
+    roots.sort(key=lambda n: -_weight(n))
+    return CacheTree(tuple(roots), salted, salted_blocks, other, other_blocks)
 
 
-def _t(language: str, en: str, zh: str) -> str:
-    return zh if language == "zh" else en
+def render_tree_html(tree: CacheTree, *, t: dict[str, str], replica: str = "") -> str:
+    """Nested lists: templates with their resident / prefix blocks, conversations as a count."""
+    head = f"<p class='pd-replica'><b>{html.escape(t['tree_on'].format(replica=replica))}</b></p>" if replica else ""
+    if tree.empty:
+        return f"{head}<p>{html.escape(t['tree_empty'])}</p>"
+    items = [_item(n, t) for n in tree.roots]
+    if tree.other_branches:
+        items.append(f"<li>{html.escape(t['tree_conversations'].format(n=tree.other_branches, blocks=tree.other_blocks))}</li>")
+    if tree.salted_namespaces:
+        items.append(f"<li class='salt'>{html.escape(t['tree_salted'].format(n=tree.salted_namespaces, blocks=tree.salted_blocks))}</li>")
+    return f'{head}<div class="cache-tree"><ul>{"".join(items)}</ul></div>'
+
+
+def _node(branch: CacheBranch, on_prefix: set[int], ends: dict[int, list[TemplateOnNode]]) -> TreeNode:
+    prefix_ids = [b for b in branch.block_ids if b in on_prefix]
+    templates = tuple(t for b in prefix_ids for t in ends.get(b, ()))
+    children: list[TreeNode] = []
+    conversations = conversation_blocks = 0
+    tail = branch.num_blocks - len(prefix_ids)  # blocks past the prefix in this very branch
+    if tail:
+        conversations, conversation_blocks = 1, tail + sum(c.num_blocks_below for c in branch.children)
+    else:
+        for child in branch.children:
+            if child.block_ids[0] in on_prefix:
+                children.append(_node(child, on_prefix, ends))
+            else:
+                conversations += 1
+                conversation_blocks += child.num_blocks_below
+    children.sort(key=lambda n: -_weight(n))
+    return TreeNode(templates, len(prefix_ids), conversations, conversation_blocks, tuple(children))
+
+
+def _weight(node: TreeNode) -> int:
+    return node.prefix_blocks + node.conversation_blocks + sum(_weight(c) for c in node.children)
+
+
+def _item(node: TreeNode, t: dict[str, str]) -> str:
+    if node.templates:
+        title = " · ".join(f"{html.escape(x.name)} — {x.resident_blocks}/{x.num_blocks}" for x in node.templates)
+    else:
+        title = html.escape(t["tree_shared"])
+    detail = t["tree_blocks"].format(n=node.prefix_blocks)
+    if node.conversations:
+        detail += " · " + t["tree_conversations"].format(n=node.conversations, blocks=node.conversation_blocks)
+    bar = "▮" * min(node.prefix_blocks, 40) + ("…" if node.prefix_blocks > 40 else "")
+    sub = "<ul>" + "".join(_item(c, t) for c in node.children) + "</ul>" if node.children else ""
+    return f"<li><b>{title}</b> <span class='pd-detail'>{html.escape(detail)}</span><br><code>{bar}</code>{sub}</li>"
+

@@ -1,52 +1,45 @@
-"""What the console needs, built once from the app's Services: the prefix meter and the operators."""
+"""What the console works with, built once from the app's services and handed to every tab."""
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from admin import auth
-from admin.templates import PrefixMeter
+from app.catalog import TemplateCatalog
+from app.db import Database
+from app.desk import Desk
+from app.engine import Engine
+from app.settings import Settings
+
+from admin.access import ConsoleAccess
+from admin.i18n import TEXT
+from admin.templates import PrefixMeter, Templates
+from admin.warmup import probe_token
 
 
-@dataclass
+@dataclass(frozen=True)
 class Console:
-    services: object  # app.server.Services (not imported: app.server imports this module)
+    settings: Settings
+    db: Database
+    engine: Engine
+    desk: Desk
+    catalog: TemplateCatalog
     meter: PrefixMeter
-    demo: bool  # PREFIXDESK_ADMIN_DEMO: a weak password was accepted, the page says so
-    throttle: auth.LoginThrottle = field(default_factory=lambda: auth.LoginThrottle(5))
-    sessions: auth.SessionClock = field(default_factory=lambda: auth.SessionClock(28800))
+    templates: Templates
+    access: ConsoleAccess
+    probe_id: int  # the token a warmup sends after a prefix (see admin/warmup.py)
 
     @property
-    def store(self):
-        return self.services.store
+    def language(self) -> str:
+        return self.settings.ui_language
 
     @property
-    def engine(self):
-        return self.services.engine
-
-    def operator(self, name: str | None, token: str | None = None) -> str:
-        """The caller's operator name; raises auth.NotAuthorized (also for an expired login)."""
-        name = auth.require_operator(store=self.store, name=name)
-        self.sessions.check(token)
-        return name
-
-    def check_login(self, name: str, password: str) -> bool:
-        if self.throttle.locked(name):
-            logging.getLogger(__name__).warning("console login of %r refused: too many failed attempts", name)
-            return False
-        ok = auth.check_login(store=self.store, name=name, password=password)
-        if not ok:
-            self.throttle.record_failure(name)
-        return ok
+    def text(self) -> dict[str, str]:
+        return TEXT[self.settings.ui_language]
 
 
-def build_console(services) -> Console:
-    """Sync the settings' operator account and set up the console's parts (nothing starts yet)."""
-    settings = services.settings
-    auth.sync_settings_operator(store=services.store, settings=settings)
-    meter = PrefixMeter(services.prompts, services.engine.info.block_size, services.prompts.max_model_len,
-                        settings.max_tokens)
-    return Console(services=services, meter=meter, demo=settings.admin_demo,
-                   throttle=auth.LoginThrottle(settings.admin_login_attempts),
-                   sessions=auth.SessionClock(settings.admin_session_ttl_s))
+def build_console(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
+                  access: ConsoleAccess) -> Console:
+    prompts = desk.prompts
+    meter = PrefixMeter(prompts, engine.info.block_size, prompts.max_model_len, settings.max_tokens)
+    return Console(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
+                   templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer))

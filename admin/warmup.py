@@ -1,56 +1,65 @@
-"""Warming templates into the prefix cache, and keeping pinned ones there.
+"""Putting templates in the prefix cache: one request that sends a template's exact prefix.
 
-Warming is an ordinary request: the template's rendered prefix plus one probe token, one output
-token. vLLM then holds the prefix's full blocks in its cache. The probe token is the tokenizer's
-end-of-text token, which the chat never sends right after a system prompt, so the warming request
-caches exactly the prefix's full blocks and nothing a real conversation could also hit.
-
-Pinned templates are kept warm by the keep-warm loop of admin/cache_view.py, which re-sends their
-prefixes every ``keep_warm_interval_s`` seconds (vLLM's prefix cache is LRU and cannot pin).
+``touch`` is that request: the prefix plus one probe token (the end-of-text token, which the chat
+never sends right after a system prompt), one output token. vLLM then holds the prefix's full
+blocks. Warmup (console, publish, start-up) and keep-warm (pinned templates, every few seconds)
+both call it, so they put the very same blocks in the cache. ``warm`` touches twice: the second
+touch measures what the first left cached. A family split over several replicas is touched on
+each of its shards.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from admin.templates import PrefixMeter
+from app.db.rows import TemplateInfo
 from app.engine import Engine, RequestStats
-from app.store import TemplateInfo
 
 
 @dataclass(frozen=True)
 class WarmupResult:
     template: str
     num_prefix_tokens: int
-    num_cached_tokens: int  # of the prefix, cached after warming (a second request's hit)
+    num_cached_tokens: int  # of the prefix, cached after warming (what the next request reuses)
     was_cached_tokens: int  # already cached before warming
     elapsed_ms: float  # the warming request, start to end
 
 
-async def warm(*, engine: Engine, meter: PrefixMeter, template: TemplateInfo) -> WarmupResult:
-    """Put ``template``'s prefix in the cache and measure how much of it is cached now."""
-    ids = _probe_ids(meter, template)
-    started = time.perf_counter()
-    first = await _request(engine, ids)
-    elapsed_ms = (time.perf_counter() - started) * 1000
-    second = await _request(engine, ids)
-    return WarmupResult(template=template.name, num_prefix_tokens=len(ids) - 1,
-                        num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
-                        elapsed_ms=round(elapsed_ms, 1))
-
-
-def _probe_ids(meter: PrefixMeter, template: TemplateInfo) -> list[int]:
-    probe = meter.prompts.tokenizer.eos_token_id
-    return list(meter.prefix_ids(template.chain)) + [probe if probe is not None else 0]
-
-
-async def _request(engine: Engine, ids: list[int]) -> RequestStats:
+async def touch(engine: Engine, prefix_ids: Sequence[int], *, probe_id: int, key: str) -> RequestStats:
+    """Send ``prefix_ids`` + the probe token for one output token; returns the request's stats."""
     stats = None
-    async with contextlib.aclosing(engine.stream(ids, max_tokens=1)) as stream:
+    async with contextlib.aclosing(engine.stream([*prefix_ids, probe_id], max_tokens=1, routing_key=key)) as stream:
         async for event in stream:
             if isinstance(event, RequestStats):
                 stats = event
     assert stats is not None, "engine.stream always ends with RequestStats"
     return stats
+
+
+async def warm(engine: Engine, template: TemplateInfo, prefix_ids: Sequence[int], *, probe_id: int,
+               shards: int = 1) -> WarmupResult:
+    """Put ``template``'s prefix in the cache (on every shard of its family) and measure what is cached."""
+    started = time.perf_counter()
+    first = second = None
+    for key in family_keys(template.family, shards):
+        first_here = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
+        first = first or first_here
+        second = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
+    assert first is not None and second is not None
+    return WarmupResult(template=template.name, num_prefix_tokens=len(prefix_ids),
+                        num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
+                        elapsed_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def family_keys(family: str, shards: int) -> list[str]:
+    """Every routing key a family's requests can carry."""
+    return [family] if shards <= 1 else [f"{family}:{k}" for k in range(shards)]
+
+
+def probe_token(tokenizer) -> int:
+    eos = tokenizer.eos_token_id
+    return int(eos) if eos is not None else 0
+

@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+import time
 from dataclasses import dataclass
 from datetime import datetime
 
 import gradio as gr
 
-from admin import audit
+from app.db import audit as db_audit
+from app.db.models import utcnow
+
 from admin.cache_view import template_residency
 from admin.console import Console
-from admin.ui import refusals
-from admin.warmup import warm
-from app.models import utcnow
-
-PINNED_HEADERS = ["template", "last touch here (UTC)", "cached at touch", "full-block prefix", "resident now"]
+from admin.i18n import headers
+from admin.warmup import family_keys, touch, warm
 
 
 @dataclass(frozen=True)
@@ -26,72 +24,78 @@ class Touch:
     full_block_tokens: int  # the whole prefix in full blocks: equal means it was resident
 
 
-def build_warmup_tab(demo: gr.Blocks, console: Console, *, guard: Callable[[gr.Request | None], str]) -> None:
-    store, meter = console.store, console.meter
+def build_warmup_tab(console: Console):
+    """The tab's components and events; returns its refresh handler and outputs for the page load."""
+    t, access, catalog = console.text, console.access, console.catalog
     last_touch: dict[str, Touch] = {}  # touches from this console, by template
 
-    def choices(request: gr.Request):
-        guard(request)
-        return gr.update(choices=[t.name for t in store.published_templates()])
+    async def choices(request: gr.Request):
+        await access.require(request)
+        return gr.update(choices=[x.name for x in catalog.all()])
 
-    async def warm_some(name: str | None, request: gr.Request, progress=gr.Progress()):
-        user = guard(request)
-        with refusals():
-            targets = [store.get_published(name)] if name else store.published_templates()
-            results = []
-            for i, template in enumerate(targets):
-                progress((i, len(targets)), desc=f"warming {template.name}")
-                results.append(await warm(engine=console.engine, meter=meter, template=template))
-        for r in results:
-            audit.log_action(store=store, user=user, action="warmup", target=r.template, after=r.num_cached_tokens)
-        lines = [f"- **{r.template}**: {r.num_cached_tokens} of {r.num_prefix_tokens} prefix tokens cached "
-                 f"(before: {r.was_cached_tokens}) in {r.elapsed_ms:.0f} ms" for r in results]
-        return "\n".join(lines), [dataclasses.asdict(r) for r in results]
+    async def warm_some(name: str | None, request: gr.Request):
+        user = await access.require(request)
+        targets = [x for x in catalog.all() if not name or x.name == name]
+        rows: list[list] = []
+        started = time.perf_counter()
+        for i, template in enumerate(targets, 1):
+            yield t["warm_progress"].format(name=template.name, i=i, n=len(targets)), rows
+            r = await warm(console.engine, template, catalog.prefix_ids(template.name), probe_id=console.probe_id,
+                           shards=console.settings.family_shards)
+            await console.db.write(db_audit.record, user=user, action="warmup", target=r.template,
+                                   field="cached prefix tokens", before=r.was_cached_tokens, after=r.num_cached_tokens)
+            rows = rows + [[r.template, r.num_prefix_tokens, r.was_cached_tokens, r.num_cached_tokens, r.elapsed_ms]]
+        ms = f"{(time.perf_counter() - started) * 1000:.0f}"
+        yield t["warm_done"].format(n=len(targets), ms=ms), rows
 
-    def pinned_rows(request: gr.Request):
-        guard(request)
-        residency = {r.name: r for r in template_residency(desk=console.services.desk, engine=console.engine)}
+    async def pinned_rows(request: gr.Request):
+        await access.require(request)
+        residency = {r.name: r for r in template_residency(catalog=catalog, engine=console.engine)}
         rows = []
-        for t in store.published_templates():
-            if not t.pinned:
+        for x in catalog.all():
+            if not x.pinned:
                 continue
-            touch = last_touch.get(t.name)
-            r = residency.get(t.name)
-            rows.append([t.name, f"{touch.t:%H:%M:%S}" if touch else "", touch.num_cached_tokens if touch else "",
-                         touch.full_block_tokens if touch else "",
-                         f"{r.resident_blocks} / {r.num_blocks} blocks" if r else "KV events off"])
+            touched = last_touch.get(x.name)
+            r = residency.get(x.name)
+            rows.append([x.name, f"{touched.t:%H:%M:%S}" if touched else "",
+                         touched.num_cached_tokens if touched else "", touched.full_block_tokens if touched else "",
+                         t["blocks_of"].format(resident=r.resident_blocks, total=r.num_blocks) if r else t["kv_off"]])
         return rows
 
     async def touch_now(request: gr.Request):
-        user = guard(request)
-        with refusals():
-            for t in [t for t in store.published_templates() if t.pinned]:
-                result = await warm(engine=console.engine, meter=meter, template=t)
-                last_touch[t.name] = Touch(utcnow(), result.was_cached_tokens,
-                                           result.num_prefix_tokens // meter.block_size * meter.block_size)
-                audit.log_action(store=store, user=user, action="touch", target=t.name, after=result.was_cached_tokens)
-        return pinned_rows(request)
+        user = await access.require(request)
+        size = console.meter.block_size
+        for x in [x for x in catalog.all() if x.pinned]:
+            prefix = catalog.prefix_ids(x.name)
+            for key in family_keys(x.family, console.settings.family_shards):
+                stats = await touch(console.engine, prefix, probe_id=console.probe_id, key=key)
+            last_touch[x.name] = Touch(utcnow(), stats.num_cached_tokens, len(prefix) // size * size)
+            await console.db.write(db_audit.record, user=user, action="touch", target=x.name,
+                                   field="cached prefix tokens", before=stats.num_cached_tokens,
+                                   after=len(prefix) // size * size)
+        return await pinned_rows(request)
 
-    interval_s = console.services.settings.keep_warm_interval_s
-    interval = f"every {interval_s:g} s" if interval_s > 0 else "never (PREFIXDESK_KEEP_WARM_INTERVAL_S=0)"
-    gr.Markdown("Warming sends a template's exact prefix through the engine once, so the next customer's first "
-                "answer starts from the cache. Publishing warms automatically.")
+    interval_s = console.settings.keep_warm_interval_s
+    interval = t["pinned_interval"].format(s=f"{interval_s:g}") if interval_s > 0 else t["pinned_never"]
+    gr.Markdown(t["warm_help"])
     with gr.Row():
-        template = gr.Dropdown([], label="Template (empty: all published)", elem_id="warm-template",
-                               allow_custom_value=True)
-        warm_btn = gr.Button("Warm", variant="primary", elem_id="warm")
+        template = gr.Dropdown([], label=t["warm_template"], elem_id="warm-template")
+        warm_btn = gr.Button(t["warm_button"], variant="primary", elem_id="warm")
     summary = gr.Markdown(elem_id="warm-summary")
-    results = gr.JSON(label="Results", elem_id="warm-results")
-    gr.Markdown(f"### Pinned templates\nvLLM's prefix cache is LRU and cannot pin; a pinned template is re-touched "
-                f"{interval} so traffic on other templates evicts something else first. *Resident* counts its "
-                "full blocks in the cache now (from vLLM's KV events); a touch shows what it still found cached.")
-    pinned = gr.Dataframe(headers=PINNED_HEADERS, interactive=False, elem_id="pinned-table")
+    results = gr.Dataframe(headers=headers(console.language, "warm_headers"), interactive=False,
+                           elem_id="warm-results")
+    gr.Markdown(t["pinned_title"].format(interval=interval))
+    pinned = gr.Dataframe(headers=headers(console.language, "pinned_headers"), interactive=False,
+                          elem_id="pinned-table")
     with gr.Row():
-        pinned_btn = gr.Button("Refresh", size="sm")
-        touch_btn = gr.Button("Touch pinned now", size="sm", elem_id="touch-pinned")
+        pinned_btn = gr.Button(t["refresh"], size="sm")
+        touch_btn = gr.Button(t["touch"], size="sm", elem_id="touch-pinned")
 
-    warm_btn.click(warm_some, template, [summary, results], api_name="warm")
-    pinned_btn.click(pinned_rows, None, pinned, api_name="pinned")
-    touch_btn.click(touch_now, None, pinned, api_name="touch_pinned")
-    demo.load(choices, None, template, api_visibility="private")
-    demo.load(pinned_rows, None, pinned, api_visibility="private")
+    warm_btn.click(warm_some, template, [summary, results], api_name="warm", show_progress="hidden")
+    pinned_btn.click(pinned_rows, None, pinned, api_name="pinned", show_progress="minimal")
+    touch_btn.click(touch_now, None, pinned, api_name="touch_pinned", show_progress="minimal")
+
+    async def on_load(request: gr.Request):
+        return await choices(request), await pinned_rows(request)
+
+    return on_load, [template, pinned]

@@ -1,195 +1,238 @@
-"""The chat tab: a Gradio ChatInterface over the Desk, plus the scriptable ``/chat`` endpoint.
+"""The chat page: template picker, conversations, send / stop / retry — and the scriptable ``/chat``.
 
-Handlers stay thin: they translate between Gradio's values and the Desk's events.
+The conversation a customer sees is rebuilt from the database after every answer and kept in
+server-side state; the chatbot is only ever an output, so no value a browser sends is echoed back
+as a component value (Gradio would serve a file named in such a value). Handlers stay thin:
+they translate between Gradio's values and the Desk's events.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
 import gradio as gr
 
-from app.desk import Desk, DeskInputError, Finished, Progress, caption
+from app.chat_text import TEXT, caption_details, caption_title
+from app.clients import ProxyTrust, TenantRefused
+from app.desk import Desk, DeskInputError, Finished, Progress
+from app.db.rows import MessageRow
 from app.engine import EngineInfo
 from app.prompts import Turn
-from app.store import MessageRow
 
-TEXT = {
-    "zh": {
-        "title": "优选商城 · 在线客服",
-        "subtitle": "同一份系统提示词只计算一次：每个回答下方显示命中缓存的提示 token 数。",
-        "demo": "⚠️ 当前使用内置演示模型（随机权重）：回答是占位文字，但 token 数、缓存命中和流式输出都是真实的。",
-        "template": "客服模板",
-        "new": "＋ 新对话",
-        "history": "历史对话",
-        "placeholder": "请输入您的问题，例如：我刚买的手机屏幕碎了能退吗？",
-        "notice": "⚠️ 提示",
-        "stopped": "已停止",
-        "no_conversations": "还没有历史对话",
-    },
-    "en": {
-        "title": "Northwind Help Desk",
-        "subtitle": "The system prompt is computed once and reused: each answer shows how many prompt tokens came from the cache.",
-        "demo": "⚠️ Demo model in use (random weights): replies are placeholder text, but token counts, cache hits and streaming are real.",
-        "template": "Template",
-        "new": "＋ New conversation",
-        "history": "Earlier conversations",
-        "placeholder": "Type your question, e.g. Can I return shoes I wore once?",
-        "notice": "⚠️ Notice",
-        "stopped": "stopped",
-        "no_conversations": "No conversations yet",
-    },
-}
+STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
 
 CSS = """
-.pd-sidebar { min-width: 220px; }
 footer { display: none !important; }
+#pd-header h2 { margin-bottom: 0; }
+#pd-model { color: var(--body-text-color-subdued); font-size: var(--text-sm); }
+#chatbot { flex-grow: 1; }
+#pd-composer { align-items: stretch; gap: 8px; }
+#pd-composer button { min-width: 72px; max-width: 96px; }
+.pd-glyph { font-variant-numeric: tabular-nums; }
+@media (max-width: 640px) {
+  #pd-header p { display: none; }
+  #chatbot { height: 60vh !important; }
+}
+"""
+
+# Browser first glyph: from Enter (or the send button) to the first answer text painted.
+JS = """
+() => {
+  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: []};
+  const start = () => { state.pending = {t0: performance.now(), seen: document.querySelectorAll('#chatbot .bot').length}; };
+  document.addEventListener('keydown', (e) => {
+    if (e.key === 'Enter' && !e.shiftKey && e.target.closest('#message')) start();
+  }, true);
+  document.addEventListener('click', (e) => { if (e.target.closest('#send')) start(); }, true);
+  new MutationObserver(() => {
+    const p = state.pending;
+    if (p && !p.t1) {
+      const bots = [...document.querySelectorAll('#chatbot .message.bot')].filter(b => !b.closest('.thought-group, .message-wrap .thought'));
+      const last = bots[bots.length - 1];
+      if (bots.length > 0 && last && last.innerText.trim().length > 0 && !last.querySelector('.pd-glyph')) {
+        p.t1 = performance.now();
+        requestAnimationFrame(() => { p.painted = performance.now(); state.measured.push(Math.round(p.painted - p.t0)); });
+      }
+    }
+    for (const span of document.querySelectorAll('#chatbot .pd-glyph:not([data-filled])')) {
+      const last = state.measured[state.measured.length - 1];
+      span.dataset.filled = '1';
+      if (p && p.painted && !p.shown) { span.textContent = String(Math.round(p.painted - p.t0)); p.shown = true; }
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+}
 """
 
 
-def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, tenant_header: str = "") -> gr.Blocks:
+def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, trust: ProxyTrust,
+               model_name: str) -> gr.Blocks:
     """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
     t = TEXT[language]
-    names = [tpl.name for tpl in desk.templates()]
-    default = next((tpl.name for tpl in desk.templates() if tpl.language == language), names[0] if names else None)
 
-    def tenant_of(request: gr.Request | None) -> str:
-        return (request.headers.get(tenant_header, "") if request and tenant_header else "")[:100]
+    def caller_of(request: gr.Request | None):
+        headers = dict(request.headers) if request is not None else {}
+        peer = request.client.host if request is not None and request.client else None
+        return trust.caller(peer, headers)
 
-    async def respond(message: str, history: list[dict], template: str, conversation_id: int | None, session_key: str,
-                      request: gr.Request):
-        session_key = session_key or _new_session_key()
+    def picker() -> dict:
+        names = [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
+                [tpl.name for tpl in desk.catalog.customer_facing()]
+        return gr.update(choices=names, value=names[0] if names else None)
+
+    async def on_load(session_key: str):
+        session_key = session_key or uuid.uuid4().hex
+        return session_key, picker(), await _conversation_choices(desk, session_key, t)
+
+    async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
+                   request: gr.Request):
+        session_key = session_key or uuid.uuid4().hex
+        question = (message or "").strip()
+        base = list(shown or [])
+        if not question:
+            yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
+            return
+        base.append({"role": "user", "content": question})
+        yield _out(base, conversation_id, session_key, "")
         try:
-            async for event in desk.answer(session_key=session_key, template_name=template,
-                                           history=_turns(history), message=message,
-                                           conversation_id=conversation_id, tenant=tenant_of(request)):
-                if isinstance(event, Progress):
-                    conversation_id = event.conversation_id
-                    yield event.text, conversation_id, session_key, gr.skip()
-                elif isinstance(event, Finished):
-                    yield (_answer_messages(event.message, t, language), event.message.conversation_id,
-                           session_key, _conversation_choices(desk, session_key, t))
-        except DeskInputError as exc:
-            yield _notice(str(exc), t), conversation_id, session_key, gr.skip()
+            caller = caller_of(request)
+            events = desk.answer(session_key=session_key, client=caller.address, template_name=template,
+                                 message=question, conversation_id=conversation_id, tenant=caller.tenant)
+            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+                yield update
+        except (DeskInputError, TenantRefused) as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
 
-    def start(session_key: str):
-        session_key = session_key or _new_session_key()
-        return session_key, _conversation_choices(desk, session_key, t)
+    async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
+        if conversation_id is None:
+            yield _out(list(shown or []) + [_notice(t["nothing_to_retry"], t)], None, session_key, gr.skip())
+            return
+        rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
+        last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
+        base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
+        yield _out(base, conversation_id, session_key, gr.skip())
+        try:
+            caller = caller_of(request)
+            events = desk.retry(session_key=session_key, client=caller.address, conversation_id=conversation_id,
+                                tenant=caller.tenant)
+            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+                yield update
+        except (DeskInputError, TenantRefused) as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
 
-    def open_conversation(conversation_id: int | None, session_key: str):
-        if conversation_id is None or desk.store.conversation_owner(conversation_id) != session_key:
+    async def after_stop(conversation_id: int | None, session_key: str, shown: list):
+        # The cancelled answer stores itself as stopped; show the stored conversation once it has.
+        if conversation_id is None:
+            return gr.skip(), gr.skip()
+        deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
+        while True:
+            rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
+            if all(m.status != "generating" for m in rows) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        messages = _history_messages(rows, t, language)
+        return messages, messages
+
+    async def open_conversation(conversation_id: int | None, session_key: str):
+        rows = None if conversation_id is None else await desk.conversation(session_key=session_key,
+                                                                              conversation_id=conversation_id)
+        if rows is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        messages = desk.store.messages(conversation_id=conversation_id)
-        chat = _history_messages(messages, t, language)
-        template = next((c.template for c in desk.store.list_conversations(session_key=session_key)
+        messages = _history_messages(rows, t, language)
+        template = next((c.template for c in await desk.list_conversations(session_key=session_key)
                          if c.id == conversation_id), gr.skip())
-        return chat, chat, conversation_id, template
+        return messages, messages, conversation_id, template
 
-    async def api_chat(message: str, history: list | None, template: str, conversation_id: float | None,
-                       tenant: str, request: gr.Request):
-        """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats.
-
-        ``tenant`` (optional) keeps this caller's cached prefixes apart from every other tenant's;
-        a tenant header set by a proxy, when configured, takes precedence.
-        """
-        session_key = f"api-{request.session_hash}"
-        conversation_id = int(conversation_id) if conversation_id else None
+    async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
+                       request: gr.Request):
+        """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
-            async for event in desk.answer(session_key=session_key, template_name=template,
-                                           history=_turns(history or []), message=message,
-                                           conversation_id=conversation_id,
-                                           tenant=tenant_of(request) or (tenant or "")[:100]):
+            args = _api_args(message, history, template, conversation_id, tenant, t)
+            caller = caller_of(request)
+            async for event in desk.answer(session_key=f"api-{request.session_hash}", client=caller.address,
+                                           template_name=args[2], message=args[0], history=args[1],
+                                           conversation_id=args[3], tenant=caller.tenant):
                 if isinstance(event, Progress):
                     yield {"text": event.text, "done": False, "conversation_id": event.conversation_id}
                 else:
                     yield _api_final(event, language)
-        except DeskInputError as exc:
+        except (DeskInputError, TenantRefused) as exc:
             yield {"text": "", "done": True, "status": "rejected", "error": str(exc)}
 
     with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
         session_key = gr.BrowserState("", storage_key="prefixdesk-session", secret=browser_secret)
         conversation_id = gr.State(None)
-        gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
-        if info.is_demo_model:
-            gr.Markdown(t["demo"], elem_id="demo-notice")
-        with gr.Row(equal_height=False):
-            with gr.Column(scale=1, elem_classes="pd-sidebar"):
-                template = gr.Dropdown(names, value=default, label=t["template"], elem_id="template")
-                new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation")
-                conversations = gr.Radio([], label=t["history"], elem_id="conversations")
-            with gr.Column(scale=4):
-                chatbot = gr.Chatbot(elem_id="chatbot", height=560, show_label=False)
-                chat = gr.ChatInterface(
-                    respond,
-                    chatbot=chatbot,
-                    textbox=gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message"),
-                    additional_inputs=[template, conversation_id, session_key],
-                    additional_outputs=[conversation_id, session_key, conversations],
-                    concurrency_limit=None,
-                    api_name="chat_ui",
-                    api_visibility="private",
-                    fill_height=True,
-                )
-        demo.load(start, [session_key], [session_key, conversations], api_visibility="private")
+        shown = gr.State([])  # the conversation as displayed, kept on the server
+        with gr.Sidebar(label=t["sidebar"], open=True, elem_id="pd-sidebar"):
+            template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
+            new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation", size="sm")
+            conversations = gr.Radio([], label=t["history"], elem_id="conversations")
+        with gr.Column(elem_id="pd-header"):
+            gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
+            gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
+            if info.is_demo_model:
+                gr.Markdown(t["demo"], elem_id="demo-notice")
+        chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
+                             layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True)
+        with gr.Row(elem_id="pd-composer", equal_height=True):
+            box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
+                             max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
+            send_btn = gr.Button(t["send"], variant="primary", elem_id="send", scale=1, min_width=72)
+            stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
+            retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
+
+        outputs = [chatbot, shown, conversation_id, session_key, conversations, box]
+        private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
+        submit = box.submit(send, [box, template, conversation_id, session_key, shown], outputs, **private)
+        click = send_btn.click(send, [box, template, conversation_id, session_key, shown], outputs, **private)
+        again = retry_btn.click(retry, [conversation_id, session_key, shown], outputs, **private)
+        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], cancels=[submit, click, again],
+                       **private)
+        demo.load(on_load, [session_key], [session_key, template, conversations], **private)
         conversations.input(open_conversation, [conversations, session_key],
-                            [chat.chatbot, chat.chatbot_state, conversation_id, template], api_visibility="private")
-        new_btn.click(lambda: ([], [], None, None), None,
-                      [chat.chatbot, chat.chatbot_state, conversation_id, conversations], api_visibility="private")
-        chatbot.clear(lambda: None, None, conversation_id, api_visibility="private")
-        template.input(lambda: ([], [], None), None, [chat.chatbot, chat.chatbot_state, conversation_id],
-                       api_visibility="private")
+                            [chatbot, shown, conversation_id, template], **private)
+        new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
+        template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
 
         with gr.Row(visible=False):
-            api_message = gr.Textbox()
-            api_history = gr.JSON()
-            api_template = gr.Textbox()
-            api_conversation = gr.Number(value=None)
-            api_tenant = gr.Textbox(value="")
+            api_inputs = [gr.JSON() for _ in range(5)]
             api_out = gr.JSON()
             api_btn = gr.Button()
-        api_btn.click(api_chat, [api_message, api_history, api_template, api_conversation, api_tenant], api_out,
-                      api_name="chat", concurrency_limit=None)
-    demo.css = CSS
+        api_btn.click(api_chat, api_inputs, api_out, api_name="chat", concurrency_limit=None)
     return demo
 
 
-def _new_session_key() -> str:
-    return uuid.uuid4().hex
+async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
+    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation."""
+    async for event in events:
+        if isinstance(event, Progress):
+            yield _out(base + [{"role": "assistant", "content": event.text}], event.conversation_id, session_key,
+                       gr.skip())
+        elif isinstance(event, Finished):
+            rows = await desk.conversation(session_key=session_key,
+                                           conversation_id=event.message.conversation_id) or []
+            messages = _history_messages(rows, t, language)
+            choices = await _conversation_choices(desk, session_key, t)
+            yield messages, messages, event.message.conversation_id, session_key, choices, gr.skip()
 
 
-def _turns(history: list[Any]) -> list[Turn]:
-    """Gradio/OpenAI-style history → Turns; notices and captions (messages with a title) are not context."""
-    turns = []
-    for m in history:
-        if not isinstance(m, dict) or (m.get("metadata") or {}).get("title"):
-            continue
-        text = _text_of(m.get("content"))
-        if text and m.get("role") in ("user", "assistant"):
-            turns.append(Turn(m["role"], text))
-    return turns
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, dict):
-        return content.get("text", "") if content.get("type", "text") == "text" else ""
-    if isinstance(content, list):
-        return "".join(_text_of(c) for c in content)
-    return ""
+def _out(messages: list, conversation_id, session_key: str, box) -> tuple:
+    return messages, messages, conversation_id, session_key, gr.skip(), box
 
 
 def _notice(text: str, t: dict) -> dict:
-    return {"role": "assistant", "content": text, "metadata": {"title": t["notice"]}}
+    return {"role": "assistant", "content": text, "metadata": {"title": t["notice"], "status": "done"}}
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [{"role": "assistant", "content": m.text}] if m.text else []
     if m.status == "ok":
-        out.append({"role": "assistant", "content": "", "metadata": {"title": caption(m, language), "status": "done"}})
+        out.append({"role": "assistant", "content": caption_details(m, language),
+                    "metadata": {"title": caption_title(m, language), "status": "done"}})
     elif m.status == "stopped":
-        out.append({"role": "assistant", "content": "", "metadata": {"title": t["stopped"], "status": "done"}})
+        out.append({"role": "assistant", "content": caption_details(m, language) if m.prompt_tokens else t["stopped"],
+                    "metadata": {"title": t["stopped"], "status": "done"}})
     else:
         out.append(_notice(m.error or "", t))
     return out
@@ -205,26 +248,43 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     return out
 
 
-def _conversation_choices(desk: Desk, session_key: str, t: dict):
-    rows = desk.store.list_conversations(session_key=session_key)
+async def _conversation_choices(desk: Desk, session_key: str, t: dict):
+    rows = await desk.list_conversations(session_key=session_key)
     choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
     return gr.update(choices=choices, value=None, label=t["history"] if choices else t["no_conversations"])
+
+
+def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
+              t: dict) -> tuple[str, list[Turn] | None, str, int | None]:
+    """The /chat arguments, strictly typed; raises DeskInputError saying which one is wrong and how."""
+    if not isinstance(message, str):
+        raise DeskInputError(t["api_message"])
+    if not isinstance(template, str) or not template:
+        raise DeskInputError(t["api_template"])
+    if conversation_id is not None and (type(conversation_id) is not int or not 0 < conversation_id < 2**63):
+        raise DeskInputError(t["api_conversation"])
+    if tenant not in (None, ""):
+        raise DeskInputError(t["api_tenant"])
+    if history in (None, []):
+        return message, [] if history == [] else None, template, conversation_id
+    if not isinstance(history, list):
+        raise DeskInputError(t["api_history"])
+    turns = []
+    for m in history:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise DeskInputError(t["api_history"])
+        if not (m.get("metadata") or {}).get("title"):  # captions and notices are not context
+            turns.append(Turn(m["role"], m["content"]))
+    return message, turns, template, conversation_id
 
 
 def _api_final(event: Finished, language: str) -> dict:
     m = event.message
     return {
-        "text": m.text,
-        "done": True,
-        "status": m.status,
-        "error": m.error,
-        "caption": caption(m, language) if m.status == "ok" else "",
-        "conversation_id": m.conversation_id,
-        "message_id": m.id,
-        "prompt_tokens": m.prompt_tokens,
-        "num_cached_tokens": m.num_cached_tokens,
-        "ttft_ms": m.ttft_ms,
-        "output_tokens": m.output_tokens,
-        "decode_tokens_per_s": m.decode_tokens_per_s,
-        "dropped_turns": event.dropped_turns,
+        "text": m.text, "done": True, "status": m.status, "error": m.error,
+        "caption": caption_title(m, language) if m.status == "ok" else "",
+        "conversation_id": m.conversation_id, "message_id": m.id, "prompt_tokens": m.prompt_tokens,
+        "num_cached_tokens": m.num_cached_tokens, "ttft_ms": m.ttft_ms, "output_tokens": m.output_tokens,
+        "decode_tokens_per_s": m.decode_tokens_per_s, "replica": m.replica, "dropped_turns": event.dropped_turns,
     }
+

@@ -1,14 +1,16 @@
 """An OpenAI-compatible chat endpoint on the app's engine, so standard clients (the openai SDK) can use it.
 
 ``model`` names a published template and the template supplies the system prompt, exactly as in
-the chat tab: the same ``system_text(chain)``, the same ``PromptBuilder``, hence the same token
-ids and the same cached blocks. The endpoint is stateless like OpenAI's: the client sends the
-whole conversation each time and nothing is written to the database. Sampling (temperature,
-top_p) follows the server's settings; those request fields are accepted and ignored. Two of
-vLLM's extra fields are honoured: ``ignore_eos`` and ``cache_salt``.
+the chat: the same prefix token ids, hence the same cached blocks. The endpoint is stateless like
+OpenAI's: the client sends the whole conversation each time and nothing is written to the
+database. Sampling follows the server's settings; ``temperature``/``top_p`` are checked and
+ignored. Two of vLLM's extra fields are honoured: ``ignore_eos`` and ``cache_salt``.
+
+Every field is validated strictly before any work (a JSON ``true`` is not an integer, ``"false"``
+is not a boolean), with sizes bounded; each client address has a rate and a concurrency limit.
 
     POST /v1/chat/completions   {"model": "电商客服", "messages": [...], "stream": true}
-    GET  /v1/models             the published templates
+    GET  /v1/models             the customer-facing published templates
 """
 
 from __future__ import annotations
@@ -17,181 +19,217 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
-from app.engine import Delta, Engine, EngineBusy, EngineError, RequestStats
-from app.prompts import PromptBuilder, PromptError, PromptTooLong, Turn, system_text
-
-
-class TemplateLike(Protocol):
-    name: str
-    chain: tuple[str, ...]
-
-
-class DeskLike(Protocol):
-    """What the endpoint needs: the published templates, the prompt builder and the engine.
-
-    ``app.desk.Desk`` is one; the benchmark's UI-free desk is another.
-    """
-
-    prompts: PromptBuilder
-    engine: Engine
-
-    def templates(self) -> Sequence[TemplateLike]: ...
-
-    def tenant_salt(self, tenant: str) -> str | None: ...
+from app.clients import ProxyTrust, TenantRefused
+from app.desk import MAX_HISTORY_MESSAGES, MAX_MESSAGE_CHARS, Desk, DeskInputError, check_history, clean_text
+from app.engine import Delta, EngineBusy, EngineError, EngineRejected, RequestStats
+from app.limits import RateLimited, StreamSlot
+from app.prompts import PromptError, PromptTooLong, Turn
+from app.routing import routing_key
 
 
 class ApiError(Exception):
     """An error answered in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(self, status: int, message: str, *, code: str, param: str | None = None,
-                 kind: str = "invalid_request_error"):
+                 kind: str = "invalid_request_error", retry_after_s: int = 0):
         super().__init__(message)
         self.status, self.message, self.code, self.param, self.kind = status, message, code, param, kind
+        self.retry_after_s = retry_after_s
 
     def response(self) -> JSONResponse:
         body = {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-        return JSONResponse(body, status_code=self.status)
+        headers = {"Retry-After": str(self.retry_after_s)} if self.retry_after_s else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
 
 
-@dataclass(frozen=True)
-class ChatRequest:
-    """A validated request body."""
-
-    model: str
-    history: tuple[Turn, ...]
-    message: str
-    stream: bool
-    max_tokens: int | None
-    ignore_eos: bool
-    include_usage: bool
-    cache_salt: str | None  # as in vLLM's server: a private cache namespace for this request
+_STRICT = ConfigDict(extra="ignore", strict=True, frozen=True)
 
 
-def build_openai_router(desk: DeskLike, *, tenant_header: str = "") -> APIRouter:
+class TextPart(BaseModel):
+    model_config = _STRICT
+    type: Literal["text"]
+    text: Annotated[StrictStr, Field(max_length=MAX_MESSAGE_CHARS)]
+
+
+class ChatMessage(BaseModel):
+    model_config = _STRICT
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Annotated[StrictStr, Field(max_length=MAX_MESSAGE_CHARS)] | Annotated[
+        list[TextPart], Field(max_length=64)]
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: StrictBool = False
+
+
+class ChatRequest(BaseModel):
+    """A chat completion request; unknown fields are ignored, known ones must have their exact type."""
+
+    model_config = _STRICT
+    model: Annotated[StrictStr, Field(min_length=1, max_length=200)]
+    messages: Annotated[list[ChatMessage], Field(min_length=1, max_length=MAX_HISTORY_MESSAGES + 1)]
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
+    max_completion_tokens: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] = 1
+    ignore_eos: StrictBool = False
+    cache_salt: Annotated[StrictStr, Field(min_length=1, max_length=200)] | None = None
+    temperature: Annotated[StrictFloat | StrictInt, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[StrictFloat | StrictInt, Field(gt=0, le=1)] | None = None
+
+
+def build_openai_router(desk: Desk, trust: ProxyTrust) -> APIRouter:
     """The ``/v1/models`` and ``/v1/chat/completions`` routes on ``desk``'s templates and engine.
 
-    With ``tenant_header`` (set by a proxy), each tenant's prompts get the desk's salt for that
-    tenant, as in the chat, so no tenant can tell from timing what another has cached; a request's
-    own ``cache_salt`` then narrows that namespace further, never widens it.
+    Behind a trusted proxy that names a tenant, each tenant's prompts get the desk's salt for that
+    tenant, as in the chat; a request's own ``cache_salt`` then narrows that namespace, never widens it.
     """
     router = APIRouter(prefix="/v1")
 
     @router.get("/models")
     async def list_models() -> JSONResponse:
-        data = [{"id": t.name, "object": "model", "created": 0, "owned_by": "prefixdesk"} for t in desk.templates()]
+        data = [{"id": t.name, "object": "model", "created": 0, "owned_by": "prefixdesk"}
+                for t in desk.catalog.customer_facing()]
         return JSONResponse({"object": "list", "data": data})
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         try:
-            body = await request.json()
-        except ValueError:
-            return ApiError(400, "The request body is not valid JSON.", code="invalid_json").response()
-        try:
-            chat = parse_chat_request(body)
-            template = _find_template(desk, chat.model)
-            prompt = desk.prompts.build(system_text(template.chain), chat.history, chat.message)
-            budget = min(prompt.max_tokens, chat.max_tokens or prompt.max_tokens)
-            salt = _salt(desk, request.headers.get(tenant_header, "")[:100] if tenant_header else "", chat.cache_salt)
-            stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
-                                        cache_salt=salt)
-            # Take the first event before answering, so a busy engine is a 429, not a broken stream.
-            first = await _first_event(stream)
+            caller = trust.caller(request.client.host if request.client else None, request.headers)
+            chat = parse_chat_request(await request.body())
+            history, message = _turns(chat)
+            template = desk.customer_template(chat.model)
+            desk.limiter.check_rate(caller.address)
+            slot = desk.limiter.stream(caller.address)
         except ApiError as exc:
             return exc.response()
-        except PromptTooLong as exc:
-            return ApiError(400, str(exc), code="context_length_exceeded", param="messages").response()
-        except PromptError as exc:
-            return ApiError(400, str(exc), code="invalid_prompt", param="messages").response()
-        except EngineBusy as exc:
-            return ApiError(429, str(exc), code="engine_busy", kind="rate_limit_error").response()
-        except EngineError as exc:
-            return ApiError(500, str(exc), code="engine_error", kind="server_error").response()
+        except TenantRefused as exc:
+            return ApiError(403, str(exc), code="tenant_refused", kind="permission_error").response()
+        except DeskInputError as exc:
+            return ApiError(404, str(exc), code="model_not_found", param="model").response()
+        except RateLimited as exc:
+            return ApiError(429, str(exc), code="rate_limited", kind="rate_limit_error",
+                            retry_after_s=exc.retry_after_s).response()
+        try:
+            prompt = await desk.build_prompt(template, history, message)
+            budget = min(prompt.max_tokens, chat.max_completion_tokens or chat.max_tokens or prompt.max_tokens)
+            stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
+                                        cache_salt=_salt(desk.tenant_salt(caller.tenant), chat.cache_salt),
+                                        routing_key=routing_key(template.family, shards=desk.family_shards,
+                                                                shard_seed=uuid.uuid4().hex))
+            # Take the first event before answering, so a busy engine is a 429, not a broken stream.
+            first = await _first_event(stream)
+        except BaseException as exc:
+            slot.release()
+            if isinstance(exc, Exception) and (error := _engine_error(exc)) is not None:
+                return error.response()
+            raise
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if chat.stream:
-            events = _sse(completion_id, chat, first, stream)
+            events = _sse(completion_id, chat, first, stream, slot)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        return await _whole(completion_id, chat, first, stream)
+        try:
+            return await _whole(completion_id, chat, first, stream)
+        finally:
+            slot.release()
 
     return router
 
 
-def parse_chat_request(body: Any) -> ChatRequest:
-    """Validate an OpenAI chat body; raises ApiError (400) naming the field at fault."""
-    if not isinstance(body, dict):
+def parse_chat_request(body: bytes) -> ChatRequest:
+    """Validate a raw request body; raises ApiError (400) naming the field at fault."""
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.", code="invalid_json") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ApiError(400, "The request body is not valid JSON.", code="invalid_json") from None
+    if not isinstance(data, dict):
         raise ApiError(400, "The request body must be a JSON object.", code="invalid_body")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise ApiError(400, "'model' must name a published template (GET /v1/models lists them).",
-                       code="invalid_model", param="model")
-    if body.get("n", 1) != 1:
-        raise ApiError(400, "Only n=1 is supported.", code="unsupported_n", param="n")
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "'messages' must be a non-empty list.", code="invalid_messages", param="messages")
+    try:
+        return ChatRequest.model_validate(data)
+    except RecursionError:
+        raise ApiError(400, "The request body is nested too deeply.", code="invalid_json") from None
+    except ValidationError as exc:
+        error = exc.errors(include_url=False, include_input=False)[0]
+        param = _param(error["loc"])
+        raise ApiError(400, f"'{param}': {_explain(error)}.", code="invalid_" + str(error["loc"][0]),
+                       param=param) from None
+
+
+def _turns(chat: ChatRequest) -> tuple[list[Turn], str]:
     turns: list[Turn] = []
-    for i, m in enumerate(messages):
-        role = m.get("role") if isinstance(m, dict) else None
-        if role in ("system", "developer"):
-            raise ApiError(400, f"messages[{i}] is a {role} message; the template named by 'model' supplies the "
+    for i, m in enumerate(chat.messages):
+        if m.role in ("system", "developer"):
+            raise ApiError(400, f"messages[{i}] is a {m.role} message; the template named by 'model' supplies the "
                            "system prompt, so send only user and assistant messages.",
                            code="system_message_not_allowed", param=f"messages[{i}]")
-        if role not in ("user", "assistant"):
-            raise ApiError(400, f"messages[{i}].role must be 'user' or 'assistant'.", code="invalid_role",
-                           param=f"messages[{i}].role")
-        turns.append(Turn(role, _content_text(m.get("content"), i)))
+        turns.append(Turn(m.role, m.text()))
     if turns[-1].role != "user":
         raise ApiError(400, "The last message must be from the user.", code="invalid_messages", param="messages")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
-        raise ApiError(400, "'max_tokens' must be a positive integer.", code="invalid_max_tokens", param="max_tokens")
-    options = body.get("stream_options") or {}
-    cache_salt = body.get("cache_salt")
-    if cache_salt is not None and (not isinstance(cache_salt, str) or not cache_salt):
-        raise ApiError(400, "'cache_salt' must be a non-empty string.", code="invalid_cache_salt", param="cache_salt")
-    return ChatRequest(
-        model=model,
-        history=tuple(turns[:-1]),
-        message=turns[-1].text,
-        stream=bool(body.get("stream", False)),
-        max_tokens=max_tokens,
-        ignore_eos=bool(body.get("ignore_eos", False)),
-        include_usage=bool(options.get("include_usage", False)) if isinstance(options, dict) else False,
-        cache_salt=cache_salt,
-    )
+    message = clean_text(turns[-1].text).strip()
+    if not message:
+        raise ApiError(400, "The last user message is empty; send a question.", code="empty_message",
+                       param=f"messages[{len(turns) - 1}].content")
+    try:
+        return check_history(turns[:-1]), message
+    except DeskInputError as exc:
+        raise ApiError(400, str(exc), code="history_too_long", param="messages") from None
 
 
-def _content_text(content: Any, i: int) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-        return "".join(str(p.get("text", "")) for p in content)
-    raise ApiError(400, f"messages[{i}].content must be text.", code="invalid_content", param=f"messages[{i}].content")
+def _param(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in ("str", "list[TextPart]", "int", "float", "constrained-str", "constrained-int"):
+            continue  # pydantic names the union member it tried; the field is what matters
+        else:
+            out += ("." if out else "") + str(part)
+    return out
 
 
-def _salt(desk: DeskLike, tenant: str, request_salt: str | None) -> str | None:
-    tenant_salt = desk.tenant_salt(tenant) if tenant else None
+def _explain(error: dict) -> str:
+    kind = error["type"]
+    names = {"int_type": "must be an integer", "bool_type": "must be true or false", "string_type": "must be a string",
+             "list_type": "must be a list", "model_type": "must be an object", "float_type": "must be a number",
+             "literal_error": error["msg"].replace("Input should be", "must be"), "missing": "is required"}
+    if kind in names:
+        return names[kind]
+    return error["msg"][0].lower() + error["msg"][1:]
+
+
+def _salt(tenant_salt: str | None, request_salt: str | None) -> str | None:
     if tenant_salt and request_salt:
         return f"{tenant_salt}/{request_salt}"
     return tenant_salt or request_salt
 
 
-def _find_template(desk: DeskLike, name: str) -> TemplateLike:
-    templates = desk.templates()
-    for t in templates:
-        if t.name == name:
-            return t
-    shown = ", ".join(t.name for t in templates) or "none"
-    raise ApiError(404, f"There is no published template named {name!r}. Choose one of: {shown}.",
-                   code="model_not_found", param="model")
+def _engine_error(exc: Exception) -> ApiError | None:
+    if isinstance(exc, PromptTooLong):
+        return ApiError(400, str(exc), code="context_length_exceeded", param="messages")
+    if isinstance(exc, PromptError):
+        return ApiError(400, str(exc), code="invalid_prompt", param="messages")
+    if isinstance(exc, EngineBusy):
+        return ApiError(429, str(exc), code="engine_busy", kind="rate_limit_error", retry_after_s=1)
+    if isinstance(exc, EngineRejected):
+        return ApiError(400, str(exc), code="rejected_by_engine")
+    if isinstance(exc, EngineError):
+        return ApiError(500, str(exc), code="engine_error", kind="server_error")
+    return None
 
 
 async def _first_event(stream: AsyncIterator[Delta | RequestStats]) -> Delta | RequestStats:
@@ -215,35 +253,38 @@ def _finish_reason(stats: RequestStats | None) -> str:
 
 
 async def _sse(completion_id: str, chat: ChatRequest, first: Delta | RequestStats,
-               stream: AsyncIterator[Delta | RequestStats]) -> AsyncIterator[str]:
-    created = int(time.time())
+               stream: AsyncIterator[Delta | RequestStats], slot: StreamSlot) -> AsyncIterator[bytes]:
+    # The chunks differ only in their text: the JSON around it is encoded once.
+    head = json.dumps({"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
+                       "model": chat.model}, ensure_ascii=False)[:-1]
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": chat.model,
-                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
-        return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        choices = json.dumps([{"index": 0, "delta": delta, "finish_reason": finish}], ensure_ascii=False)
+        return f'data: {head}, "choices": {choices}}}\n\n'.encode()
 
     stats: RequestStats | None = None
-    async with contextlib.aclosing(stream):  # a disconnect closes it, which aborts the request in vLLM
-        yield chunk({"role": "assistant", "content": ""})
-        event: Delta | RequestStats | None = first
-        while event is not None:
-            if isinstance(event, Delta):
-                yield chunk({"content": event.text})
-            else:
-                stats = event
-            try:
-                event = await anext(stream, None)
-            except EngineError as exc:  # headers are sent: report it in the stream, as OpenAI does
-                error = {"error": {"message": str(exc), "type": "server_error", "param": None, "code": "engine_error"}}
-                yield f"data: {json.dumps(error, ensure_ascii=False)}\n\n"
-                return
-    yield chunk({}, _finish_reason(stats))
-    if chat.include_usage:
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created, "model": chat.model,
-                "choices": [], "usage": _usage(stats)}
-        yield f"data: {json.dumps(body)}\n\n"
-    yield "data: [DONE]\n\n"
+    try:
+        async with contextlib.aclosing(stream):  # a disconnect closes it, which aborts the request in the engine
+            yield chunk({"role": "assistant", "content": ""})
+            event: Delta | RequestStats | None = first
+            while event is not None:
+                if isinstance(event, Delta):
+                    yield chunk({"content": event.text})
+                else:
+                    stats = event
+                try:
+                    event = await anext(stream, None)
+                except EngineError as exc:  # headers are sent: report it in the stream, as OpenAI does
+                    error = {"error": {"message": str(exc), "type": "server_error", "param": None,
+                                       "code": "engine_error"}}
+                    yield f"data: {json.dumps(error, ensure_ascii=False)}\n\n".encode()
+                    return
+        yield chunk({}, _finish_reason(stats))
+        if chat.stream_options and chat.stream_options.include_usage:
+            yield f'data: {head}, "choices": [], "usage": {json.dumps(_usage(stats))}}}\n\n'.encode()
+        yield b"data: [DONE]\n\n"
+    finally:
+        slot.release()
 
 
 async def _whole(completion_id: str, chat: ChatRequest, first: Delta | RequestStats,
@@ -256,7 +297,10 @@ async def _whole(completion_id: str, chat: ChatRequest, first: Delta | RequestSt
                 text += event.text
             else:
                 stats = event
-            event = await anext(stream, None)
+            try:
+                event = await anext(stream, None)
+            except EngineError as exc:
+                return ApiError(500, str(exc), code="engine_error", kind="server_error").response()
     body = {
         "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": chat.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},

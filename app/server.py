@@ -1,25 +1,43 @@
-"""Composes the process: settings → store → engine → desk → one FastAPI app with the Gradio UIs.
+"""Composes the process: settings → database → template catalog → engine → desk → one FastAPI app with
+the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
 
 Start-up order matters: the database and templates are checked before the (slow) engine starts,
-and every template must fit the model's context, so a bad setting fails fast with its name.
+and every template must fit the model's context, so a bad setting fails fast with its name. Until
+every published template is warm, /healthz answers 503 "warming", so a load balancer sends the
+first customer to a server whose cache already holds the templates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import gradio as gr
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from app import template_files
+from app.catalog import TemplateCatalog
+from app.chat import CSS as CHAT_CSS
+from app.chat import JS as CHAT_JS
 from app.chat import build_chat
+from app.chat_text import model_label
+from app.clients import ProxyTrust
+from app.db import Database, open_database
+from app.db import templates as db_templates
 from app.desk import Desk
 from app.engine import Engine, build_engine, resolve_model_path
+from app.limits import ClientLimiter
+from app.openai_api import build_openai_router
 from app.prompts import PromptBuilder, system_text
 from app.settings import Settings, SettingsError
-from app.store import Store, open_store
+from app.web_guard import RequestGuard
 
 log = logging.getLogger(__name__)
 
@@ -29,73 +47,110 @@ class Services:
     """The process-wide singletons, built once and handed to the UIs."""
 
     settings: Settings
-    store: Store
+    db: Database
     engine: Engine
     prompts: PromptBuilder
+    catalog: TemplateCatalog
     desk: Desk
+    trust: ProxyTrust
+    ready: asyncio.Event | None = field(default=None)  # set once the templates are warm
 
     def close(self) -> None:
         self.engine.shutdown()
-        self.store.close()
+        self.db.close()
 
 
 def build_services(settings: Settings, *, engine: Engine | None = None) -> Services:
-    """Open the store (seeding templates), check the templates fit the context, start the engine.
+    """Open the database (seeding templates), check the templates fit the context, start the engine.
 
     The templates are checked with the tokenizer alone, before the (slow) engine starts.
     """
-    store = open_store(settings.database_url)
-    added = store.seed_templates(settings.templates_dir)
+    db = open_database(settings.database_url)
+    added = db.run(db_templates.seed, template_files.read_folder(settings.templates_dir))
     if added:
         log.info("seeded %d templates from %s", added, settings.templates_dir)
     model = engine.info.model if engine else resolve_model_path(settings)
-    prompts = PromptBuilder(
-        settings.tokenizer or model,
-        max_model_len=settings.max_model_len,
-        max_tokens=settings.max_tokens,
-        drop_oldest_turns=settings.drop_oldest_turns,
-        trust_remote_code=settings.trust_remote_code,
-    )
-    _check_templates_fit(store, prompts, settings)
+    prompts = PromptBuilder(settings.tokenizer or model, max_model_len=settings.max_model_len,
+                            max_tokens=settings.max_tokens, drop_oldest_turns=settings.drop_oldest_turns,
+                            trust_remote_code=settings.trust_remote_code)
+    catalog = TemplateCatalog(db, prompts)
+    catalog.load()
+    _check_templates_fit(catalog, prompts, settings)
     engine = engine or build_engine(settings, model)
-    desk = Desk(store=store, engine=engine, prompts=prompts, rate_limit_per_minute=settings.rate_limit_per_minute,
-                salt_secret=_browser_secret(settings))
-    return Services(settings, store, engine, prompts, desk)
+    limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
+    desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
+                tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards)
+    trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
+                       tenant_header=settings.tenant_header)
+    return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
 def create_app(services: Services) -> FastAPI:
-    app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None)
-    _run_cache_background(app, services)  # cache sampler and keep-warm loop, while the server runs
+    from admin.access import ConsoleAccess
+    from admin.console import build_console  # app/ imports admin/ only here, to mount the console
+    from admin.login import ConsoleGate, build_login_router
+    from admin.operators import sync_settings_operator
+    from admin.ui import CSS as CONSOLE_CSS
+    from admin.ui import build_admin
+
+    settings = services.settings
+    app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
+    sync_settings_operator(services.db, settings)
+    access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
+                           language=settings.ui_language)
+    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
+                            catalog=services.catalog, access=access)
+    _lifespan(app, services)
 
     @app.get("/healthz")
     async def healthz():
         health = await services.engine.health()
+        ready = services.ready is not None and services.ready.is_set()
         info = services.engine.info
-        body = {"ok": health.ok, "reason": health.reason, "model": info.model, "demo_model": info.is_demo_model, "block_size": info.block_size,
+        reason = health.reason or ("" if ready else "warming the templates")
+        body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
+                "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
                 "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
-                "restarting": services.engine.restarting}
-        return JSONResponse(body, status_code=200 if health.ok else 503)
+                "restarting": getattr(services.engine, "restarting", False)}
+        replicas = getattr(services.engine, "replicas", None)
+        if replicas is not None:
+            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas()]
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
-    from app.openai_api import build_openai_router
+    async def console_open() -> bool:
+        from app.db import operators as db_operators
 
-    app.include_router(build_openai_router(services.desk, tenant_header=services.settings.tenant_header))
-    from admin.console import build_console  # app/ imports admin/ only here, to mount the console
-    from admin.ui import mount_admin
+        return await services.db.read(db_operators.any_active)
 
-    mount_admin(app, build_console(services))  # /admin, before the chat takes "/"
-    chat = build_chat(services.desk, services.engine.info, language=services.settings.ui_language,
-                      browser_secret=_browser_secret(services.settings), tenant_header=services.settings.tenant_header)
-    chat.queue(default_concurrency_limit=None, max_size=services.settings.queue_max_size)
-    return gr.mount_gradio_app(app, chat, path="", footer_links=[])
+    app.include_router(build_openai_router(services.desk, services.trust))
+    app.include_router(build_login_router(access, services.trust, console_open=console_open))
+    mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
+                 pwa=False, ssr_mode=False, blocked_paths=_blocked_paths(settings))
+    blocks = build_admin(console)
+    blocks.queue(default_concurrency_limit=None, max_size=settings.queue_max_size)
+    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
+                        **mount)
+    chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
+                      browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
+                      model_name=model_label(settings.model, settings.ui_language))
+    chat.queue(default_concurrency_limit=None, max_size=settings.queue_max_size)
+    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb", **mount)
+    for mounted in (blocks, chat):
+        # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
+        # mounted ones must say so, or any server file named in an event's value would be served.
+        mounted.has_launched = True
+    app.add_middleware(ConsoleGate, access=access)
+    app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
+                       max_upload_bytes=settings.max_upload_mib << 20)
+    return app
 
 
 def serve(services: Services, app: FastAPI) -> None:
     """Run the web server until SIGINT/SIGTERM, then stop in-flight answers and close cleanly.
 
-    On a signal every answer in progress is aborted in vLLM first, so each is stored as
+    On a signal every answer in progress is aborted in the engine first, so each is stored as
     ``stopped`` with its partial text; then the server stops and the engine shuts down.
     """
-    import asyncio
     import signal
 
     import uvicorn
@@ -110,8 +165,9 @@ def serve(services: Services, app: FastAPI) -> None:
 
     settings = services.settings
     # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
+    # Forwarded headers are judged by app/clients.py against PREFIXDESK_TRUSTED_PROXIES, not by uvicorn.
     server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                    timeout_graceful_shutdown=5))
+                                    timeout_graceful_shutdown=5, proxy_headers=False, server_header=False))
 
     async def stop() -> None:
         aborted = await services.engine.abort_all()
@@ -132,21 +188,59 @@ def serve(services: Services, app: FastAPI) -> None:
         services.close()
 
 
-def _browser_secret(settings: Settings) -> str:
-    """A random key kept in data_dir, so browsers keep their conversations across restarts."""
-    import secrets
+def _lifespan(app: FastAPI, services: Services) -> None:
+    from admin.background import background, warm_published
+    from admin.warmup import probe_token
 
-    path = settings.data_dir / "browser-state.key"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_hex(32))
-        path.chmod(0o600)
-    return path.read_text().strip()
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        services.ready = asyncio.Event()
+
+        async def warm_then_ready() -> None:
+            try:
+                if services.settings.warm_on_start:
+                    n = await warm_published(engine=services.engine, catalog=services.catalog,
+                                             probe_id=probe_token(services.prompts.tokenizer),
+                                             shards=services.settings.family_shards)
+                    log.info("warmed %d templates", n)
+            except Exception:  # a failed warmup costs the first customers a cold cache, not the server
+                log.exception("start-up warmup failed")
+            services.ready.set()
+
+        warming = asyncio.create_task(warm_then_ready(), name="warm-on-start")
+        async with background(settings=services.settings, engine=services.engine, db=services.db,
+                              catalog=services.catalog, tokenizer=services.prompts.tokenizer), inner(a) as state:
+            yield state
+        warming.cancel()
+
+    app.router.lifespan_context = lifespan
 
 
-def _check_templates_fit(store: Store, prompts: PromptBuilder, settings: Settings) -> None:
+def _blocked_paths(settings: Settings) -> list[str]:
+    """Paths Gradio must never serve: the data dir (database, keys, models) and the code."""
+    return [str(Path(settings.data_dir).resolve()), os.getcwd()]
+
+
+def _secret(settings: Settings, name: str) -> str:
+    """A random key kept in data_dir (0600), so it outlives restarts and is the same for every web process."""
+    path = Path(settings.data_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # another web process made it first
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    for _ in range(50):
+        if key := path.read_text().strip():
+            return key
+        time.sleep(0.01)  # the other process has created the file but not written it yet
+    raise SettingsError(f"{path} is empty; delete it and start again")
+
+
+def _check_templates_fit(catalog: TemplateCatalog, prompts: PromptBuilder, settings: Settings) -> None:
     limit = prompts.max_model_len - settings.max_tokens
-    for template in store.published_templates():
+    for template in catalog.all():
         n = len(prompts.prefix_ids(system_text(template.chain)))
         if n > limit:
             raise SettingsError(
@@ -154,19 +248,3 @@ def _check_templates_fit(store: Store, prompts: PromptBuilder, settings: Setting
                 f"{n} tokens and answers need {settings.max_tokens} more; raise PREFIXDESK_MAX_MODEL_LEN "
                 f"or lower PREFIXDESK_MAX_TOKENS"
             )
-
-
-def _run_cache_background(app: FastAPI, services: Services) -> None:
-    from contextlib import asynccontextmanager
-
-    from admin.cache_view import cache_background
-
-    inner = app.router.lifespan_context
-
-    @asynccontextmanager
-    async def lifespan(a):
-        async with cache_background(settings=services.settings, engine=services.engine, store=services.store,
-                                    desk=services.desk), inner(a) as state:
-            yield state
-
-    app.router.lifespan_context = lifespan

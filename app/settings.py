@@ -90,10 +90,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_concurrent_requests", 0, "Answers generated at once; more are told the desk is busy. "
             "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU).", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
-    Setting("rate_limit_per_minute", 30, "Messages one browser session may send a minute; 0 turns the limit off.", int),
+    Setting("rate_limit_per_minute", 30, "Messages one client address may send a minute (chat, /chat and /v1 "
+            "together); 0 turns the limit off.", int),
+    Setting("max_streams_per_client", 8, "Answers one client address may have streaming at once; 0 turns the "
+            "limit off.", int),
     Setting("queue_max_size", 256, "Chat requests the web server holds at once; more are told to retry.", int),
-    Setting("tenant_header", "", "HTTP header naming the tenant (set by a proxy); each tenant gets its own "
-            "cache_salt, so no tenant can see from timing what another has cached. Empty: one tenant."),
+    Setting("max_request_kib", 1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
+            "any work.", int),
+    Setting("max_upload_mib", 1, "Largest file an operator may upload to the console (template files), in MiB; "
+            "the chat accepts no uploads at all.", int),
+    Setting("trusted_proxies", "", "Comma-separated addresses or networks of the reverse proxies in front of the "
+            "server (e.g. 127.0.0.1 or 10.0.0.0/8). Only from them are the X-Forwarded-For address and the tenant "
+            "header believed; empty: none, the connecting address is the client."),
+    Setting("forwarded_for_header", "x-forwarded-for", "Header in which a trusted proxy names the client's "
+            "address."),
+    Setting("tenant_header", "", "HTTP header in which a trusted proxy names the tenant; each tenant gets its own "
+            "cache_salt, so no tenant can see from timing what another has cached. Sent by anyone else, it is "
+            "refused. Empty: one tenant."),
+    Setting("family_shards", 1, "Routing keys per template family (family:0 … family:k-1): 1 keeps a family on "
+            "one replica; more spread a hot family over several (remote engine).", int),
+    Setting("warm_on_start", True, "Warm every published template before /healthz reports ready, so the first "
+            "customer already hits the cache.", _parse_bool),
     # Cache view
     Setting("kv_events", True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.",
             _parse_bool),
@@ -109,8 +126,8 @@ SETTINGS: tuple[Setting, ...] = (
             "closed until one exists, e.g. from `python -m admin create-user NAME`). A weak one refuses to start."),
     Setting("admin_demo", False, "Demo mode: accept a weak admin password; the console shows a warning.", _parse_bool),
     Setting("admin_session_ttl_s", 28800, "Seconds a console login lasts before the operator must log in again.", int),
-    Setting("admin_login_attempts", 5, "Failed console logins per account in 5 minutes before it is locked for the rest "
-            "of those 5 minutes.", int),
+    Setting("admin_login_attempts", 5, "Failed console logins from one client address before each further try must "
+            "wait 1 s, then 2, 4, … up to 5 minutes (per address, so no one can lock an operator out).", int),
 )
 
 # Refused as an admin password unless admin_demo is on: anyone would guess them.
@@ -164,8 +181,15 @@ class Settings:
     max_concurrent_requests: int
     drop_oldest_turns: bool
     rate_limit_per_minute: int
+    max_streams_per_client: int
     queue_max_size: int
+    max_request_kib: int
+    max_upload_mib: int
+    trusted_proxies: str
+    forwarded_for_header: str
     tenant_header: str
+    family_shards: int
+    warm_on_start: bool
     kv_events: bool
     kv_events_endpoint: str
     sample_interval_s: float
@@ -245,6 +269,22 @@ def _validated(settings: Settings) -> Settings:
         fail("top_p", "must be in (0, 1]")
     if settings.rate_limit_per_minute < 0:
         fail("rate_limit_per_minute", "must be 0 (off) or more")
+    if settings.max_streams_per_client < 0:
+        fail("max_streams_per_client", "must be 0 (off) or more")
+    if settings.max_request_kib < 64:
+        fail("max_request_kib", f"must be at least 64, not {settings.max_request_kib}")
+    if settings.max_upload_mib < 1:
+        fail("max_upload_mib", f"must be at least 1, not {settings.max_upload_mib}")
+    try:
+        from app.clients import parse_networks
+
+        parse_networks(settings.trusted_proxies)
+    except ValueError as exc:
+        fail("trusted_proxies", f"is invalid: {exc}")
+    if settings.tenant_header and not settings.trusted_proxies:
+        fail("tenant_header", "needs PREFIXDESK_TRUSTED_PROXIES: only a proxy may name the tenant")
+    if not 1 <= settings.family_shards <= 64:
+        fail("family_shards", f"must be between 1 and 64, not {settings.family_shards}")
     if settings.queue_max_size < 1:
         fail("queue_max_size", "must be at least 1")
     if settings.max_concurrent_requests < 0:

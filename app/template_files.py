@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-HEADER_KEYS = ("name", "parent", "language", "pinned")
+HEADER_KEYS = ("name", "parent", "language", "pinned", "internal")
 
 
 class TemplateFileError(ValueError):
@@ -26,6 +26,7 @@ class TemplateFile:
     parent: str = ""
     language: str = "zh"
     pinned: bool = False
+    internal: bool = False  # a shared base for other templates, never offered to customers
 
 
 def parse(content: str, *, source: str = "<text>") -> TemplateFile:
@@ -49,6 +50,7 @@ def parse(content: str, *, source: str = "<text>") -> TemplateFile:
         parent=fields.get("parent", ""),
         language=fields.get("language", "zh") or "zh",
         pinned=fields.get("pinned", "").lower() in ("1", "true", "yes"),
+        internal=fields.get("internal", "").lower() in ("1", "true", "yes"),
     )
 
 
@@ -59,6 +61,8 @@ def render(template: TemplateFile) -> str:
     lines.append(f"language: {template.language}")
     if template.pinned:
         lines.append("pinned: true")
+    if template.internal:
+        lines.append("internal: true")
     return "\n".join(lines) + "\n---\n" + template.text.strip() + "\n"
 
 

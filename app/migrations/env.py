@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine
 
-from app.models import Base
+from app.db.models import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")

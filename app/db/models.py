@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from sqlalchemy import ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -24,6 +24,7 @@ class Template(Base):
     parent_id: Mapped[int | None] = mapped_column(ForeignKey("templates.id"))
     language: Mapped[str] = mapped_column(String(16), default="zh")
     pinned: Mapped[bool] = mapped_column(default=False)
+    internal: Mapped[bool] = mapped_column(default=False)  # shared base only: never offered to customers
     published_version_id: Mapped[int | None] = mapped_column(
         ForeignKey("template_versions.id", use_alter=True, name="fk_templates_published_version")
     )
@@ -85,6 +86,7 @@ class Message(Base):
     # user messages: ok. answers: generating -> ok | stopped | error
     status: Mapped[str] = mapped_column(String(16), default="ok")
     error: Mapped[str | None] = mapped_column(Text)
+    replica: Mapped[str | None] = mapped_column(String(200))  # the engine replica that answered (remote engine)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
@@ -98,7 +100,7 @@ class CacheSample(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     t: Mapped[datetime] = mapped_column(default=utcnow, index=True)
-    hit_rate: Mapped[float]
+    recent_hit_rate: Mapped[float]  # vLLM's cached / queried prompt tokens over the last minute
     kv_cache_usage: Mapped[float]
     blocks_used: Mapped[int]
     blocks_cached: Mapped[int]
@@ -106,7 +108,7 @@ class CacheSample(Base):
     waiting: Mapped[int]
     ttft_hit_ms: Mapped[float | None]
     ttft_miss_ms: Mapped[float | None]
-    memory_bytes: Mapped[int]
+    memory_bytes: Mapped[int] = mapped_column(BigInteger)
 
 
 class AuditEntry(Base):
@@ -117,6 +119,7 @@ class AuditEntry(Base):
     user: Mapped[str] = mapped_column(String(100))
     action: Mapped[str] = mapped_column(String(50))
     target: Mapped[str] = mapped_column(String(200))
+    field: Mapped[str] = mapped_column(String(50), default="")  # what before and after measure
     before: Mapped[str | None] = mapped_column(Text)
     after: Mapped[str | None] = mapped_column(Text)
 
@@ -132,3 +135,35 @@ class Operator(Base):
     source: Mapped[str] = mapped_column(String(16), default="cli")  # cli | settings
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     disabled_at: Mapped[datetime | None]
+
+
+class AdminSession(Base):
+    """A console login. The browser holds a random token; only its SHA-256 is stored."""
+
+    __tablename__ = "admin_sessions"
+
+    token_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    operator: Mapped[str] = mapped_column(String(100))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+    client: Mapped[str] = mapped_column(String(100), default="")
+
+
+class Lease(Base):
+    """Which process runs a once-per-deployment loop (the cache sampler, keep-warm) until ``expires_at``."""
+
+    __tablename__ = "leases"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(100))
+    expires_at: Mapped[datetime]
+
+
+class Revision(Base):
+    """A counter bumped with every change of a kind (``templates``), so other processes notice it."""
+
+    __tablename__ = "revisions"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    value: Mapped[int] = mapped_column(default=0)

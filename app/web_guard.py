@@ -1,0 +1,77 @@
+"""ASGI guards in front of everything the server exposes: body sizes, and no uploads to the chat.
+
+Sizes are checked before any work: a declared ``Content-Length`` over the limit is answered 413 at
+once, and a body that grows past it while streaming in is cut off. The chat takes no files, so its
+upload route answers 403 whatever is sent; the console's takes template files up to its own limit.
+"""
+
+from __future__ import annotations
+
+import json
+
+CHAT_UPLOAD = "/gradio_api/upload"
+CONSOLE_UPLOAD = "/admin/gradio_api/upload"
+MULTIPART_OVERHEAD = 64 << 10
+
+
+class RequestGuard:
+    def __init__(self, app, *, max_request_bytes: int, max_upload_bytes: int):
+        self.app = app
+        self.max_request_bytes = max_request_bytes
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        if path.startswith(CHAT_UPLOAD):
+            return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
+        limit = self.max_upload_bytes + MULTIPART_OVERHEAD if path.startswith(CONSOLE_UPLOAD) else self.max_request_bytes
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            return await _reject(send, 413, _too_large(limit))
+        received, cut, started = 0, False, False
+
+        async def limited_receive():
+            nonlocal received, cut
+            message = await receive()
+            if message["type"] == "http.request" and not cut:
+                received += len(message.get("body", b""))
+                if received > limit:
+                    cut = True
+                    if not started:
+                        await _reject(send, 413, _too_large(limit))
+                    return {"type": "http.disconnect"}
+            return message
+
+        async def guarded_send(message):
+            nonlocal started
+            if cut:
+                return  # the 413 is already sent; the app's answer to a cut body is dropped
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, limited_receive, guarded_send)
+
+
+def _content_length(scope) -> int | None:
+    for key, value in scope.get("headers") or []:
+        if key == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _too_large(limit: int) -> str:
+    return f"The request body is larger than {limit // 1024:,} KiB; send less (PREFIXDESK_MAX_REQUEST_KIB)."
+
+
+async def _reject(send, status: int, message: str) -> None:
+    body = json.dumps({"detail": message}, ensure_ascii=False).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                            (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
