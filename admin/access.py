@@ -126,14 +126,18 @@ class ConsoleAccess:
                             expires_at=utcnow() + timedelta(seconds=self.ttl_s), client=client)
         return token
 
-    async def operator_of(self, token: str | None) -> str | None:
-        """The operator whose live session ``token`` is, or None (no, expired, revoked or disabled)."""
+    async def operator_of(self, token: str | None, *, fresh: bool = False) -> str | None:
+        """The operator whose live session ``token`` is, or None (no, expired, revoked or disabled).
+
+        The gate asks for every asset of a page and may use an answer up to SESSION_CACHE_S old;
+        handlers ask ``fresh``, so a disabled operator's next action is refused at once.
+        """
         if not token:
             return None
         key = _hash(token)
         cached = self._cache.get(key)
         now = time.monotonic()
-        if cached is not None and now - cached[1] < SESSION_CACHE_S:
+        if not fresh and cached is not None and now - cached[1] < SESSION_CACHE_S:
             return cached[0]
         session = await self.db.read(db_operators.find_session, token_hash=key, now=utcnow())
         if len(self._cache) > 10_000:
@@ -150,7 +154,7 @@ class ConsoleAccess:
     async def require(self, request: gr.Request | None) -> str:
         """The calling operator's name; raises gr.Error (shown to them, nothing done) otherwise."""
         cookies = getattr(request, "cookies", None) or {}
-        operator = await self.operator_of(cookies.get(SESSION_COOKIE))
+        operator = await self.operator_of(cookies.get(SESSION_COOKIE), fresh=True)
         if operator is None:
             title, message = _REFUSED[self.language]
             raise gr.Error(message, title=title)

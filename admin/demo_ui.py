@@ -55,7 +55,7 @@ def build_demo_tab(console: Console):
 
     gr.Markdown(t["demo_help"])
     with gr.Row():
-        template = gr.Dropdown([], label=t["demo_template"], elem_id="demo-template")
+        template = gr.Dropdown([], allow_custom_value=True, label=t["demo_template"], elem_id="demo-template")
         question = gr.Textbox(label=t["demo_question"], value=questions(1)[0], elem_id="demo-question", max_length=2000)
         run_btn = gr.Button(t["demo_run"], variant="primary", elem_id="demo-run")
     headline = gr.Markdown(elem_id="demo-headline")

@@ -183,13 +183,13 @@ def build_templates_tab(console: Console):
     refresh_btn = gr.Button(t["refresh"], size="sm")
     with gr.Row():
         with gr.Column(scale=3):
-            name = gr.Dropdown([], label=t["tpl_choose"], elem_id="edit-template")
+            name = gr.Dropdown([], allow_custom_value=True, label=t["tpl_choose"], elem_id="edit-template")
             info = gr.Markdown(elem_id="template-info")
             text = gr.Textbox(label=t["tpl_text"], lines=12, max_lines=30, elem_id="template-text")
             base_version = gr.Number(visible=False, precision=0)
             with gr.Row():
                 save_btn = gr.Button(t["tpl_save"], variant="primary", elem_id="save")
-                version = gr.Dropdown([], label=t["tpl_version"], elem_id="publish-version")
+                version = gr.Dropdown([], allow_custom_value=True, label=t["tpl_version"], elem_id="publish-version")
                 publish_btn = gr.Button(t["tpl_publish"], elem_id="publish")
             with gr.Row():
                 pinned = gr.Checkbox(label=t["tpl_pinned"], elem_id="pinned")
@@ -199,15 +199,15 @@ def build_templates_tab(console: Console):
             preview_md = gr.Markdown(elem_id="preview")
             rendered = gr.Code(label=t["rendered"], language=None, lines=8, max_lines=16)
     with gr.Row():
-        version_a = gr.Dropdown([], label=t["diff_a"], elem_id="diff-a")
-        version_b = gr.Dropdown([], label=t["diff_b"], elem_id="diff-b")
+        version_a = gr.Dropdown([], allow_custom_value=True, label=t["diff_a"], elem_id="diff-a")
+        version_b = gr.Dropdown([], allow_custom_value=True, label=t["diff_b"], elem_id="diff-b")
         diff_btn = gr.Button(t["diff_button"], elem_id="diff")
     diff_md = gr.Markdown(elem_id="diff-summary")
     diff_code = gr.Code(label=t["diff_label"], language=None, lines=8, max_lines=24, elem_id="diff-text")
     with gr.Accordion(t["new_template"], open=False):
         with gr.Row():
             new_name = gr.Textbox(label=t["new_name"], max_length=100)
-            new_parent = gr.Dropdown([""], value="", label=t["new_parent"])
+            new_parent = gr.Dropdown([""], allow_custom_value=True, value="", label=t["new_parent"])
             new_language = gr.Radio(["zh", "en"], value=console.language, label=t["new_language"])
         new_text = gr.Textbox(label=t["tpl_text"], lines=6)
         new_preview_md = gr.Markdown()

@@ -79,7 +79,7 @@ def build_warmup_tab(console: Console):
     interval = t["pinned_interval"].format(s=f"{interval_s:g}") if interval_s > 0 else t["pinned_never"]
     gr.Markdown(t["warm_help"])
     with gr.Row():
-        template = gr.Dropdown([], label=t["warm_template"], elem_id="warm-template")
+        template = gr.Dropdown([], allow_custom_value=True, label=t["warm_template"], elem_id="warm-template")
         warm_btn = gr.Button(t["warm_button"], variant="primary", elem_id="warm")
     summary = gr.Markdown(elem_id="warm-summary")
     results = gr.Dataframe(headers=headers(console.language, "warm_headers"), interactive=False,

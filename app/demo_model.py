@@ -13,7 +13,9 @@ import json
 import re
 from pathlib import Path
 
-BUILD_VERSION = 3  # bump when the recipe below changes, so cached builds are rebuilt
+from app import template_files
+
+BUILD_VERSION = 4  # bump when the recipe below changes, so cached builds are rebuilt
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 VOCAB_SIZE = 12000
 _CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
@@ -62,10 +64,11 @@ def ensure_demo_model(data_dir: Path, templates_dir: Path) -> Path:
 
 def _corpus(templates_dir: Path) -> str:
     texts = ["\n".join(common_chinese_characters()), _ENGLISH]
-    for path in sorted(Path(templates_dir).glob("*.txt")):
+    for template in template_files.read_folder(templates_dir):
         # Spaces between CJK characters keep merges inside one character, so Chinese text
         # tokenizes about one token per character, as a general-purpose tokenizer would.
-        texts.append(_CJK.sub(r"\g<0> ", path.read_text(encoding="utf-8")))
+        # Only the prompts' text: the files' headers are no text a customer or model sees.
+        texts.append(_CJK.sub(r"\g<0> ", template.text))
     return "\n".join(texts)
 
 

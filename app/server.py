@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import secrets
@@ -94,6 +95,7 @@ def create_app(services: Services) -> FastAPI:
     from admin.ui import build_admin
 
     settings = services.settings
+    _preload_matplotlib()
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
@@ -207,6 +209,7 @@ def _lifespan(app: FastAPI, services: Services) -> None:
                     log.info("warmed %d templates", n)
             except Exception:  # a failed warmup costs the first customers a cold cache, not the server
                 log.exception("start-up warmup failed")
+            _freeze_heap()
             services.ready.set()
 
         warming = asyncio.create_task(warm_then_ready(), name="warm-on-start")
@@ -216,6 +219,26 @@ def _lifespan(app: FastAPI, services: Services) -> None:
         warming.cancel()
 
     app.router.lifespan_context = lifespan
+
+
+def _freeze_heap() -> None:
+    """Move everything alive after start-up (vLLM, torch, Gradio: millions of objects) out of the
+    garbage collector's reach. A full collection over that heap pauses the whole process — every
+    stream of every user — for most of a second; afterwards it only scans what requests allocate."""
+    gc.collect()
+    gc.freeze()
+
+
+def _preload_matplotlib() -> None:
+    """Gradio asks matplotlib for its backend in every event, and the first ask imports pyplot (half a
+    second) on the event loop, under the first customer's answer. Import it at start-up instead."""
+    try:
+        import matplotlib
+
+        matplotlib.use("agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:  # Gradio skips matplotlib when it is not installed
+        pass
 
 
 def _blocked_paths(settings: Settings) -> list[str]:

@@ -42,6 +42,10 @@ def test_settings(data_dir: Path, **overrides):
         max_tokens=48,
         max_model_len=2048,
         port=free_port(),
+        # Every test client connects from 127.0.0.1: per-client limits are tested on desks of their own.
+        rate_limit_per_minute=0,
+        max_streams_per_client=0,
+        keep_warm_interval_s=0,
     )
     values.update(overrides)
     return load_settings(environ={}, **values)
@@ -99,6 +103,24 @@ def db(settings):
 
 
 @pytest.fixture(scope="session")
+def block_size(engine) -> int:
+    return engine.info.block_size
+
+
+def full_blocks(n_tokens: int, block_size: int) -> int:
+    """Tokens of ``n_tokens`` that fill whole KV blocks: what a prefix cache can hold of them."""
+    return n_tokens // block_size * block_size
+
+
+def operator(services, name: str, password: str) -> tuple[str, str]:
+    """An operator account in the session database (created or reset)."""
+    from admin import operators
+
+    operators.set_password(services.db, name=name, password=password)
+    return name, password
+
+
+@pytest.fixture(scope="session")
 def server_url(services, engine_loop):
     """A real uvicorn server for the app, on the engine's loop, on a free port."""
     import time
@@ -112,7 +134,7 @@ def server_url(services, engine_loop):
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(), engine_loop)
     deadline = time.monotonic() + 30
-    while not server.started:
+    while not server.started or not (services.ready and services.ready.is_set()):
         if future.done():
             future.result()
         assert time.monotonic() < deadline, "server did not start in 30 s"
@@ -226,3 +248,55 @@ def app_env(data_dir: Path, **settings) -> dict[str, str]:
                 "PYTHONUNBUFFERED": "1"})
     env.update({f"PREFIXDESK_{k.upper()}": str(v) for k, v in settings.items()})
     return env
+
+
+class SecondServer:
+    """Another app on the session's engine (no second engine start): its own data dir and settings,
+    served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
+
+    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, **overrides):
+        self.settings = test_settings(data_dir, **overrides)
+        self.base = services
+        self.loop = loop
+        self.services = None
+        self._server = None
+        self._future = None
+
+    def __enter__(self) -> str:
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        import uvicorn
+
+        from app.server import build_services, create_app
+
+        with ThreadPoolExecutor(1) as pool:
+            self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
+        self._server = uvicorn.Server(uvicorn.Config(create_app(self.services), host="127.0.0.1",
+                                                     port=self.settings.port, log_level="warning", lifespan="on",
+                                                     timeout_graceful_shutdown=2))
+        self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
+        deadline = time.monotonic() + 60
+        while not self._server.started or not (self.services.ready and self.services.ready.is_set()):
+            if self._future.done():
+                self._future.result()
+            assert time.monotonic() < deadline, "second server did not start in 60 s"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.settings.port}/"
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._future.result(timeout=30)
+        self.services.db.close()  # the engine is the session's: it stays
+
+
+
+@pytest.fixture(scope="session")
+def console(services):
+    """The console's services, as the server builds them (templates, access, meter)."""
+    from admin.access import ConsoleAccess
+    from admin.console import build_console
+
+    access = ConsoleAccess(services.db, ttl_s=3600, free_attempts=5)
+    return build_console(settings=services.settings, db=services.db, engine=services.engine, desk=services.desk,
+                         catalog=services.catalog, access=access)

@@ -1,12 +1,13 @@
-"""The console's API through a real server: login, publish with warmup, hit rates, and access control."""
+"""The console's API through a real server: login, publish with warmup, hit rates, refusals, access control."""
 
+import re
 import uuid
 
 import httpx
 import pytest
 from gradio_client import Client
 
-from admin import auth
+from conftest import full_blocks, operator
 
 OPERATOR = ("op-api", "correct horse battery")
 TEXT = "\n".join(f"Policy {i}: refunds for order type {i} take {i + 1} business days." for i in range(11))
@@ -14,7 +15,7 @@ TEXT = "\n".join(f"Policy {i}: refunds for order type {i} take {i + 1} business 
 
 @pytest.fixture(scope="module")
 def admin_url(server_url, services):
-    auth.set_password(store=services.store, name=OPERATOR[0], password=OPERATOR[1])
+    operator(services, *OPERATOR)
     return server_url + "admin/"
 
 
@@ -27,26 +28,23 @@ def rows_of(table_value) -> list[list]:
     return table_value["data"] if isinstance(table_value, dict) else table_value
 
 
-def test_publish_warms_the_prefix_and_the_next_chat_hits_exactly_its_full_blocks(admin, server_url, services, db):
+def test_publish_warms_the_prefix_and_the_next_chat_hits_exactly_its_full_blocks(admin, server_url, services, db,
+                                                                                  block_size):
     name = f"warm-{uuid.uuid4().hex[:8]}"
     admin.predict(name, "", "en", TEXT, api_name="/create")
-    status, result, _ = admin.predict(name, 1, api_name="/publish")
+    status, _, info = admin.predict(name, 1, api_name="/publish")
 
     prefix = len(services.prompts.prefix_ids(TEXT))
-    full_blocks = prefix // 32 * 32
     # 319 = 9 full blocks + 31: the warmup's probe token fills block 10, which a chat must not hit
-    assert (prefix, full_blocks) == (319, 288)
-    assert result["num_prefix_tokens"] == 319
-    assert result["was_cached_tokens"] == 0  # a new text: nothing of it was cached
-    assert result["num_cached_tokens"] == 288
-    assert result["action"] == "publish"
-    assert f"{result['elapsed_ms']:.0f} ms: 288 of 319 prefix tokens are cached" in status
+    assert (prefix, full_blocks(prefix, block_size)) == (319, 288)
+    assert re.fullmatch(rf"已发布 '{name}'：v— → v1。预热用时 \d+ ms：前缀 319 个 token 中有 288 个已缓存。", status)
+    assert info == "父模板：— · 语言：en · 已发布：v1 · 版本：v1 (op-api)"  # the summary line is current
 
     chat = Client(server_url, verbose=False)
-    final = chat.predict("How long does a refund take?", [], name, None, api_name="/chat")
+    final = chat.predict("How long does a refund take?", [], name, None, None, api_name="/chat")
     assert final["status"] == "ok"
     assert final["num_cached_tokens"] == 288  # the warmed full blocks, nothing more
-    again = chat.predict("And for order type 3?", [], name, None, api_name="/chat")
+    again = chat.predict("And for order type 3?", [], name, None, None, api_name="/chat")
 
     table, _, _ = admin.predict(api_name="/templates")
     row = next(r for r in rows_of(table) if r[0] == name)
@@ -56,50 +54,55 @@ def test_publish_warms_the_prefix_and_the_next_chat_hits_exactly_its_full_blocks
         "where t.name = ? and m.role = 'assistant'", [name]))
     assert [a["num_cached_tokens"] for a in answers] == [288, again["num_cached_tokens"]]
     expected = sum(a["num_cached_tokens"] for a in answers) / sum(a["prompt_tokens"] for a in answers)
-    assert row[5:10] == [319, 9, "", 2, round(expected, 4)]  # tokens, full blocks, pinned, answers, hit rate
-    assert row[3] == 1  # published version
+    assert row[3:11] == [1, 1, 319, 9, "", "", 2, f"{expected:.1%}"]  # versions, size, flags, answers, hit rate
 
 
-def test_stale_save_and_parent_delete_are_refused_through_the_api(admin, services):
+def test_stale_save_and_parent_delete_are_refused_in_the_status_line(admin):
     name = f"stale-{uuid.uuid4().hex[:8]}"
     admin.predict(name, "", "en", TEXT, api_name="/create")
     admin.predict(name, TEXT + "\nPolicy 10: be kind.", 1, api_name="/save")
-    with pytest.raises(Exception, match="Conflict: you edited .* from version 1, but version 2 was saved since"):
-        admin.predict(name, TEXT + "\nPolicy 10: be quick.", 1, api_name="/save")
+    status, *_ = admin.predict(name, TEXT + "\nPolicy 10: be quick.", 1, api_name="/save")
+    assert status == (f"⛔ Conflict: you edited '{name}' from version 1, but version 2 was saved since. Nothing was "
+                      "overwritten; reload version 2, apply your change again, and save.")
     child = f"child-{uuid.uuid4().hex[:8]}"
     admin.predict(child, name, "en", "Category: boots.", api_name="/create")
-    with pytest.raises(Exception, match="is the parent of"):
-        admin.predict(name, api_name="/delete")
+    status, *_ = admin.predict(name, api_name="/delete")
+    assert status == f"⛔ '{name}' is the parent of '{child}'; delete or re-create those first."
     audit = rows_of(admin.predict(api_name="/audit"))
-    assert [r[1:6] for r in audit[:3]] == [
-        ["op-api", "create", child, "", "1"],
-        ["op-api", "save", name, "1", "2"],
-        ["op-api", "create", name, "", "1"],
+    assert [r[1:7] for r in audit[:3]] == [
+        ["op-api", "create", child, "latest version", "", "1"],
+        ["op-api", "save", name, "latest version", "1", "2"],
+        ["op-api", "create", name, "latest version", "", "1"],
     ]
 
 
-def test_every_admin_endpoint_refuses_unauthenticated_and_wrong_password_clients(admin, admin_url):
+def test_pin_and_internal_are_audited_with_what_they_change(admin, services):
+    name = f"flags-{uuid.uuid4().hex[:8]}"
+    admin.predict(name, "", "zh", "用于测试的规则。", api_name="/create")
+    admin.predict(name, 1, api_name="/publish")
+    assert admin.predict(name, True, api_name="/pin")[0] == f"'{name}' 已设为常驻：后台保持预热。"
+    assert admin.predict(name, True, api_name="/internal")[0] == f"'{name}' 已设为内部模板：顾客不再看到它。"
+    assert name not in [t.name for t in services.catalog.customer_facing()]
+    audit = rows_of(admin.predict(api_name="/audit"))
+    assert [r[2:7] for r in audit[:2]] == [["mark internal", name, "internal", "no", "yes"],
+                                           ["pin", name, "pinned", "no", "yes"]]
+
+
+def test_every_console_route_refuses_a_client_without_a_session(admin, admin_url):
     endpoints = sorted(admin.view_api(print_info=False, return_format="dict")["named_endpoints"])
-    console = {"/audit", "/create", "/delete", "/diff", "/export", "/import", "/open", "/pin", "/pinned", "/preview",
-               "/publish", "/save", "/templates", "/touch_pinned", "/warm"}
-    assert console <= set(endpoints)  # and the Cache tab's own endpoints, all checked below
+    console = {"/audit", "/create", "/delete", "/diff", "/export", "/import", "/open", "/pin", "/internal", "/pinned",
+               "/preview", "/publish", "/save", "/templates", "/touch_pinned", "/warm", "/reset_prefix_cache",
+               "/cold_vs_warm", "/bench_ab"}
+    assert set(endpoints) == console
     for endpoint in endpoints:
         r = httpx.post(f"{admin_url}gradio_api/call{endpoint}", json={"data": []})
-        assert r.status_code == 401, endpoint
-    assert httpx.get(f"{admin_url}config").status_code == 401
+        assert (r.status_code, r.json()) == (401, {"detail": "未登录：请打开 /admin/login。"}), endpoint
+    for path in ("", "config", "gradio_api/info", "gradio_api/upload", "gradio_api/queue/join", "theme.css"):
+        assert httpx.get(f"{admin_url}{path}").status_code in (303, 401), path
     with pytest.raises(Exception, match="Invalid credentials|Could not login"):
         Client(admin_url, auth=(OPERATOR[0], "wrong password!"), verbose=False)
 
 
-def test_handlers_check_the_operator_themselves_so_a_disabled_account_is_refused_at_once(admin_url, services):
-    auth.set_password(store=services.store, name="op-temp", password="another long secret")
-    client = Client(admin_url, auth=("op-temp", "another long secret"), verbose=False)
-    assert rows_of(client.predict(api_name="/templates")[0])  # logged in: it works
-    auth.disable_operator(store=services.store, name="op-temp")
-    with pytest.raises(Exception, match="Operator 'op-temp' is disabled or unknown"):
-        client.predict(api_name="/templates")  # same session cookie, refused by the handler
-
-
-def test_the_chat_app_exposes_no_admin_endpoint(server_url):
+def test_the_chat_app_exposes_no_console_endpoint(server_url):
     endpoints = Client(server_url, verbose=False).view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert sorted(endpoints) == ["/chat"]

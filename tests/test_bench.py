@@ -90,7 +90,7 @@ def test_sweep_picks_the_highest_rate_within_the_slo():
 
 
 def test_run_ab_warm_prefix_against_unique_salts(services, engine, aio):
-    chain = services.store.get_published(TEMPLATE).chain
+    chain = services.catalog.get(TEMPLATE).chain
     system = system_text(chain)
     # Each question starts differently, so requests share exactly the system segment and the user header.
     qs = ["请问退货运费谁出？", "能不能开专票？", "为什么还没发货呀？", "怎么申请价格保护？"]
@@ -123,7 +123,7 @@ def test_cli_runs_a_tiny_configuration_and_writes_json(tmp_path, settings, servi
     assert [(r["mode"], r["path"]) for r in runs] == [
         ("static", "raw"), ("static", "app"), ("static", "http"), ("none", "raw"), ("none", "app"), ("none", "http")]
     assert [(r["n_requests"], r["n_errors"]) for r in runs] == [(2, 0)] * 6
-    system = system_text(services.store.get_published(TEMPLATE).chain)
+    system = system_text(services.catalog.get(TEMPLATE).chain)
     assert body["prefix_tokens"] == {TEMPLATE: len(services.prompts.prefix_ids(system))}
     assert body["raw_prompts_identical"] == 2
     assert [r["cached_tokens_mean"] for r in runs if r["mode"] == "none" and r["path"] != "raw"] == [0.0, 0.0]

@@ -29,8 +29,8 @@ def small(tmp_path_factory, aio):
     settings = conftest.test_settings(tmp_path_factory.mktemp("small-kv"), kv_cache_mib=1, max_model_len=1600,
                              max_tokens=16, keep_warm_interval_s=0)
     services = conftest.start_services(settings)
-    english = services.store.get_published("support-en").chain[0]
-    chinese = services.store.get_published(PINNED).chain[0]
+    english = services.catalog.get("support-en").chain[0]
+    chinese = services.catalog.get(PINNED).chain[0]
     with services.store.session() as s:
         template = Template(name=LONG, language="zh")
         version = TemplateVersion(template=template, number=1, text="请同时遵守以下两份规则。\n" + english + "\n\n" + chinese)
@@ -43,7 +43,7 @@ def small(tmp_path_factory, aio):
 
 
 def ids_for(services, name, message):
-    template = services.store.get_published(name)
+    template = services.catalog.get(name)
     return services.prompts.build(system_text(template.chain), [], message).token_ids
 
 

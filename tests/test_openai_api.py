@@ -18,7 +18,7 @@ def client(server_url):
 
 @pytest.fixture(scope="module")
 def system(services):
-    return system_text(services.store.get_published(TEMPLATE).chain)
+    return system_text(services.catalog.get(TEMPLATE).chain)
 
 
 def stream_answer(client, messages, *, salt, max_tokens=5):
@@ -30,7 +30,7 @@ def stream_answer(client, messages, *, salt, max_tokens=5):
 
 def test_models_are_the_published_templates(client, services):
     ids = [m.id for m in client.models.list()]
-    assert ids == [t.name for t in services.store.published_templates()]
+    assert ids == [t.name for t in services.catalog.customer_facing()]
 
 
 def test_streamed_answer_uses_the_template_prompt_and_reports_cached_tokens(client, services, engine, system):
@@ -79,7 +79,7 @@ def test_an_unknown_template_is_a_404_naming_the_choices(client, services):
     with pytest.raises(openai.NotFoundError) as err:
         client.chat.completions.create(model="no-such-template", messages=[{"role": "user", "content": "hi"}])
     assert err.value.code == "model_not_found"
-    names = ", ".join(t.name for t in services.store.published_templates())
+    names = ", ".join(t.name for t in services.catalog.customer_facing())
     assert err.value.body["message"] == f"There is no published template named 'no-such-template'. Choose one of: {names}."
 
 

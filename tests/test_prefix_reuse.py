@@ -17,7 +17,7 @@ def stats_of(aio, engine, token_ids, salt) -> RequestStats:
 def test_second_request_reuses_the_template_prefix_in_whole_blocks(services, engine, aio):
     # A fresh salt is a fresh cache namespace: nothing any other test did is visible to it.
     salt = uuid.uuid4().hex
-    template = services.store.get_published("电商客服")
+    template = services.catalog.get("电商客服")
     system = system_text(template.chain)
     first = services.prompts.build(system, [], "我刚买的手机屏幕碎了能退吗？")
     second = services.prompts.build(system, [], "价格保护怎么申请？")
@@ -38,9 +38,9 @@ def test_second_request_reuses_the_template_prefix_in_whole_blocks(services, eng
 
 def test_children_of_one_parent_share_exactly_the_parents_full_blocks(services, engine, aio):
     salt = uuid.uuid4().hex
-    parent = services.store.get_published("商城通用规则")
-    electronics = services.store.get_published("电子产品")
-    apparel = services.store.get_published("服装鞋包")
+    parent = services.catalog.get("商城通用规则")
+    electronics = services.catalog.get("电子产品")
+    apparel = services.catalog.get("服装鞋包")
     assert electronics.chain[0] == parent.chain[0] == apparel.chain[0]
     block = engine.info.block_size
 
@@ -58,7 +58,7 @@ def test_children_of_one_parent_share_exactly_the_parents_full_blocks(services, 
 
 
 def test_cache_salt_isolates_identical_prompts(services, engine, aio):
-    template = services.store.get_published("support-en")
+    template = services.catalog.get("support-en")
     prompt = services.prompts.build(system_text(template.chain), [], "Where is my order?")
     salt_a, salt_b = uuid.uuid4().hex, uuid.uuid4().hex
     block = engine.info.block_size

@@ -33,7 +33,7 @@ def probe(aio, engine, token_ids, salt=None) -> tuple[int, int]:
 
 
 def prompt_ids(services, name, message):
-    template = services.store.get_published(name)
+    template = services.catalog.get(name)
     return services.prompts.build(system_text(template.chain), [], message).token_ids
 
 

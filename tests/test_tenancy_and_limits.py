@@ -1,47 +1,64 @@
-"""Tenants share no cached blocks with each other; a browser session is rate-limited."""
+"""Tenants share no cached blocks with each other; a client address is rate- and concurrency-limited."""
 
 import uuid
 
 import pytest
 
 from app.desk import Desk, DeskInputError, Finished
+from app.limits import ClientLimiter
+from conftest import full_blocks
 
 
-def ask(client, message, tenant):
-    return client.predict(message, [], "support-en", None, tenant, api_name="/chat")
+async def answers(desk: Desk, message: str, *, client: str = "198.51.100.7", tenant: str = "",
+                  template: str = "support-en") -> list:
+    return [e async for e in desk.answer(session_key=f"s-{uuid.uuid4().hex}", client=client, template_name=template,
+                                         message=message, tenant=tenant, max_tokens=2)]
 
 
-def test_two_tenants_share_no_blocks_while_one_tenant_shares_its_own(client, services):
+def desk_with(services, limiter: ClientLimiter) -> Desk:
+    return Desk(db=services.db, catalog=services.catalog, engine=services.engine, prompts=services.prompts,
+                limiter=limiter, tenant_secret="test-secret")
+
+
+def test_two_tenants_share_no_blocks_while_one_tenant_shares_its_own(services, aio, block_size):
+    desk = desk_with(services, ClientLimiter(per_minute=0, concurrent=0))
     alice, bob = f"alice-{uuid.uuid4().hex[:6]}", f"bob-{uuid.uuid4().hex[:6]}"
-    template = services.store.get_published("support-en")
-    prefix_blocks = len(services.desk.prefix_ids(template)) // 32 * 32
+    prefix_blocks = full_blocks(len(services.catalog.prefix_ids("support-en")), block_size)
 
-    first_alice = ask(client, "Where is my parcel?", alice)
-    first_bob = ask(client, "Where is my parcel?", bob)  # the identical prompt, another tenant
-    second_alice = ask(client, "Can I change the size?", alice)
+    first_alice = aio(answers(desk, "Where is my parcel?", tenant=alice))[-1].message
+    first_bob = aio(answers(desk, "Where is my parcel?", tenant=bob))[-1].message  # the identical prompt
+    second_alice = aio(answers(desk, "Can I change the size?", tenant=alice))[-1].message
 
-    assert first_alice["num_cached_tokens"] == 0
-    assert first_bob["num_cached_tokens"] == 0  # Alice's blocks are invisible to Bob
-    assert second_alice["num_cached_tokens"] == prefix_blocks  # ... but Alice reuses her own
-    assert services.desk.tenant_salt(alice) != services.desk.tenant_salt(bob)
-    assert services.desk.tenant_salt("") is None
+    assert first_alice.num_cached_tokens == 0
+    assert first_bob.num_cached_tokens == 0  # Alice's blocks are invisible to Bob
+    assert second_alice.num_cached_tokens == prefix_blocks == 384  # ... but Alice reuses her own
+    assert desk.tenant_salt(alice) != desk.tenant_salt(bob)
+    assert desk.tenant_salt("") is None
 
 
-def test_a_session_sending_too_fast_is_told_how_long_to_wait(services, aio):
-    desk = Desk(store=services.store, engine=services.engine, prompts=services.prompts, rate_limit_per_minute=2)
-
-    async def send(message):
-        return [e async for e in desk.answer(session_key="fast-typist", template_name="support-en", history=[],
-                                             message=message, max_tokens=2)]
-
-    assert isinstance(aio(send("one"))[-1], Finished)
-    assert isinstance(aio(send("two"))[-1], Finished)
+def test_a_client_sending_too_fast_is_told_how_long_to_wait(services, aio):
+    desk = desk_with(services, ClientLimiter(per_minute=2, concurrent=0))
+    assert isinstance(aio(answers(desk, "one"))[-1], Finished)
+    assert isinstance(aio(answers(desk, "two"))[-1], Finished)  # each call is a fresh session: no help
     with pytest.raises(DeskInputError) as exc:
-        aio(send("three"))
+        aio(answers(desk, "three"))
     assert str(exc.value) == "You are sending messages faster than 2 a minute; please wait 60 s and send again."
-    assert isinstance(aio(desk_answer(desk, "someone-else"))[-1], Finished)  # other sessions are not held up
+    assert isinstance(aio(answers(desk, "hello", client="198.51.100.8"))[-1], Finished)  # others are not held up
 
 
-async def desk_answer(desk, session_key):
-    return [e async for e in desk.answer(session_key=session_key, template_name="support-en", history=[],
-                                         message="hello", max_tokens=2)]
+def test_idle_clients_are_pruned_from_the_limiter():
+    now = [1000.0]
+    limiter = ClientLimiter(per_minute=1000, concurrent=2, clock=lambda: now[0])
+    for i in range(300):
+        limiter.check_rate(f"10.0.{i // 256}.{i % 256}")
+    assert limiter.num_keys() == 300
+    now[0] += 61
+    for i in range(256):  # the sweep runs every 256 calls
+        limiter.check_rate("10.9.9.9")
+    assert limiter.num_keys() == 1
+    with limiter.stream("10.9.9.9"), limiter.stream("10.9.9.9"):
+        with pytest.raises(Exception) as exc:
+            limiter.stream("10.9.9.9")
+        assert str(exc.value) == ("You already have 2 answers in progress; the limit is 2. Wait for one to finish, "
+                                  "then send again.")
+    assert limiter.num_keys() == 1

