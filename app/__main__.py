@@ -21,11 +21,12 @@ def main(argv: list[str]) -> int:
         return 2
 
     from app.engine import EngineStartError
+    from app.model_aliases import ModelNotPrepared
     from app.server import build_services, create_app, serve
 
     try:
         services = build_services(settings)
-    except (SettingsError, EngineStartError) as exc:
+    except (SettingsError, EngineStartError, ModelNotPrepared) as exc:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
     app = create_app(services)

@@ -1,4 +1,9 @@
-"""Built-in model names that stand for a folder the app prepares under the data dir."""
+"""Built-in model names that stand for a folder the app prepares under the data dir.
+
+``python -m app.fetch_model ALIAS`` (``make demo-model``) prepares the folder and writes
+``MARKER_NAME`` into it last, so a folder without the marker is a conversion that never finished.
+This module stays free of heavy imports: app.settings imports it to accept the aliases.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,30 @@ from pathlib import Path
 # alias -> folder under data_dir/models
 ALIASES = {"qwen2.5-0.5b-demo": "qwen2.5-0.5b-demo"}
 
+# Written by app.fetch_model when a model folder is complete: JSON with the source's sha256.
+MARKER_NAME = "prefixdesk-prepared.json"
+
+
+class ModelNotPrepared(FileNotFoundError):
+    """An alias names a model folder that has not been prepared (or was left half-done)."""
+
+
+def alias_folder(model: str, data_dir: Path) -> Path:
+    """The folder under ``data_dir`` that alias ``model`` stands for; KeyError if it is no alias."""
+    return Path(data_dir) / "models" / ALIASES[model]
+
 
 def resolve_alias(model: str, data_dir: Path) -> str:
-    """The folder an alias names (it must have been prepared), or ``model`` unchanged."""
+    """The prepared folder an alias names, or ``model`` unchanged when it is no alias.
+
+    Raises ModelNotPrepared, saying which command prepares it, when the folder or its marker is missing.
+    """
     if model not in ALIASES:
         return model
-    return str(Path(data_dir) / "models" / ALIASES[model])
+    folder = alias_folder(model, data_dir)
+    if not (folder / MARKER_NAME).is_file():
+        raise ModelNotPrepared(
+            f"model {model!r} is not prepared: {folder} has no {MARKER_NAME}. Run `make demo-model` "
+            f"(or `.venv/bin/python -m app.fetch_model {model} --data-dir {data_dir}`) once, then start again"
+        )
+    return str(folder)

@@ -22,6 +22,7 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 ROOT = Path(__file__).resolve().parent.parent
+collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
 OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
 
 
@@ -300,3 +301,15 @@ def console(services):
     access = ConsoleAccess(services.db, ttl_s=3600, free_attempts=5)
     return build_console(settings=services.settings, db=services.db, engine=services.engine, desk=services.desk,
                          catalog=services.catalog, access=access)
+
+
+def console_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900):
+    """A browser page logged in to the console through its login page."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(server_url + "admin")
+    page.locator("#username").fill(account[0])
+    page.locator("#password").fill(account[1])
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(server_url + "admin/")
+    page.locator("#templates-table").wait_for(timeout=60_000)
+    return page
