@@ -9,7 +9,7 @@ export VLLM_NO_USAGE_STATS := 1
 export DO_NOT_TRACK := 1
 export HF_HUB_OFFLINE := 1
 
-.PHONY: install run test soak bench clean demo-model test-real-model
+.PHONY: install run test soak bench clean demo-model test-real-model cluster
 
 install: $(VENV)/.installed-$(BACKEND)
 
@@ -33,6 +33,10 @@ demo-model: install
 
 test-real-model: demo-model
 	$(PY) -m pytest tests/real_model -v -p no:cacheprovider -c /dev/null --rootdir=tests/real_model --confcutdir=tests/real_model
+
+# N vllm serve replicas + vllm-router + the app on the remote engine: docs/cluster.md.
+cluster: install
+	$(PY) -m app.cluster $(CLUSTER_ARGS)
 
 soak: install
 	$(PY) -m app.soak $(SOAK_ARGS)

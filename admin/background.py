@@ -24,7 +24,8 @@ from app.engine import Engine
 from app.settings import Settings
 
 from admin.cache_view import read_cache_view, sample_of
-from admin.warmup import family_keys, probe_token, touch, warm
+from admin.warmup import probe_token, touch, warm
+from app.routing import family_keys
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,7 @@ class KeepWarm(Loop):
     async def tick(self) -> None:
         for t in self.catalog.all():
             if t.pinned:
-                for key in family_keys(t.family, self.shards):
+                for key in family_keys(t.family, shards=self.shards):
                     await touch(self.engine, self.catalog.prefix_ids(t.name), probe_id=self.probe_id, key=key)
 
 

@@ -43,7 +43,7 @@ def build_cache_tab(console: Console):
 
     cards = gr.HTML(elem_id="cache-numbers")
     replicas = gr.Dataframe(headers=headers(console.language, "replica_headers"), interactive=False,
-                            elem_id="cache-replicas", label=t["replicas"], visible=hasattr(engine, "replicas"))
+                            elem_id="cache-replicas", label=t["replicas"], visible=engine.info.backend == "remote")
     templates = gr.Dataframe(headers=headers(console.language, "cache_tpl_headers"), interactive=False,
                              elem_id="cache-templates", label=t["cache_templates"], wrap=True)
     gr.Markdown(t["cache_tree"])
@@ -132,11 +132,8 @@ def _cards(view: CacheView, t: dict) -> str:
 
 
 def _replica_rows(engine, t: dict) -> list[list]:
-    replicas = getattr(engine, "replicas", None)
-    if replicas is None:
-        return []
     rows = []
-    for r in replicas():
+    for r in engine.replicas():
         state = t["replica_up"] if r.up else t["replica_down"].format(reason=r.reason)
         hit = f"{r.hits / r.queries:.1%}" if r.queries else "–"
         rows.append([r.url, state, r.running, r.waiting, f"{r.kv_cache_usage:.1%}", hit, r.requests])
@@ -154,12 +151,10 @@ def _template_rows(console: Console, usage: dict[str, tuple[int, int, int]]) -> 
 
 
 def _trees(console: Console, t: dict) -> str:
-    replicas = getattr(console.engine, "replicas", None)
-    if replicas is not None:
-        parts = [render_tree_html(cache_tree(catalog=console.catalog, mirror=r.mirror), t=t, replica=r.url)
-                 for r in replicas() if r.mirror is not None]
-        if parts:
-            return "".join(parts)
+    parts = [render_tree_html(cache_tree(catalog=console.catalog, mirror=r.mirror), t=t, replica=r.url)
+             for r in console.engine.replicas() if r.mirror is not None]
+    if parts:
+        return "".join(parts)
     mirror = console.engine.residency
     if mirror is None:
         return f"<p>{html.escape(t['cache_events_off'])}</p>"

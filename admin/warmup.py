@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from app.db.rows import TemplateInfo
 from app.engine import Engine, RequestStats
+from app.routing import family_keys
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ async def warm(engine: Engine, template: TemplateInfo, prefix_ids: Sequence[int]
     """Put ``template``'s prefix in the cache (on every shard of its family) and measure what is cached."""
     started = time.perf_counter()
     first = second = None
-    for key in family_keys(template.family, shards):
+    for key in family_keys(template.family, shards=shards):
         first_here = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
         first = first or first_here
         second = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
@@ -52,11 +53,6 @@ async def warm(engine: Engine, template: TemplateInfo, prefix_ids: Sequence[int]
     return WarmupResult(template=template.name, num_prefix_tokens=len(prefix_ids),
                         num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
                         elapsed_ms=round((time.perf_counter() - started) * 1000, 1))
-
-
-def family_keys(family: str, shards: int) -> list[str]:
-    """Every routing key a family's requests can carry."""
-    return [family] if shards <= 1 else [f"{family}:{k}" for k in range(shards)]
 
 
 def probe_token(tokenizer) -> int:

@@ -14,7 +14,8 @@ from app.db.models import utcnow
 from admin.cache_view import template_residency
 from admin.console import Console
 from admin.i18n import headers
-from admin.warmup import family_keys, touch, warm
+from admin.warmup import touch, warm
+from app.routing import family_keys
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,7 @@ def build_warmup_tab(console: Console):
         size = console.meter.block_size
         for x in [x for x in catalog.all() if x.pinned]:
             prefix = catalog.prefix_ids(x.name)
-            for key in family_keys(x.family, console.settings.family_shards):
+            for key in family_keys(x.family, shards=console.settings.family_shards):
                 stats = await touch(console.engine, prefix, probe_id=console.probe_id, key=key)
             last_touch[x.name] = Touch(utcnow(), stats.num_cached_tokens, len(prefix) // size * size)
             await console.db.write(db_audit.record, user=user, action="touch", target=x.name,

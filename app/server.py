@@ -113,10 +113,9 @@ def create_app(services: Services) -> FastAPI:
         body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
                 "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
                 "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
-                "restarting": getattr(services.engine, "restarting", False)}
-        replicas = getattr(services.engine, "replicas", None)
-        if replicas is not None:
-            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas()]
+                "restarting": services.engine.restarting}
+        if replicas := services.engine.replicas():
+            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
     async def console_open() -> bool:

@@ -61,6 +61,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("engine", "local", "Where answers are generated: local (vLLM in this process) or remote (an "
             "OpenAI-compatible server at PREFIXDESK_ENGINE_URL, normally vllm-router in front of vllm serve replicas)."),
     Setting("engine_url", "", "Base URL of the remote engine (PREFIXDESK_ENGINE=remote), e.g. http://127.0.0.1:8000."),
+    Setting("engine_connect_timeout_s", 120.0, "Seconds the app waits at start-up for PREFIXDESK_ENGINE_URL to "
+            "serve a model (remote engine).", float),
+    Setting("replica_urls", "", "Base URLs of the vllm serve replicas behind PREFIXDESK_ENGINE_URL, comma-separated "
+            "(remote engine): the console's per-replica view and the cache reset use them. Empty: ask the router "
+            "(vllm-router's /list_workers), or with no router use PREFIXDESK_ENGINE_URL itself."),
+    Setting("replica_kv_events", "", "KV-cache event publishers of the replicas, as REPLICA_URL=ZMQ_ENDPOINT pairs "
+            "separated by commas (remote engine). tcp://*:PORT subscribes to a publisher on this host; "
+            "tcp://HOST:PORT binds here for a replica that publishes to this host. Empty: no per-replica residency."),
     Setting("engine_stall_timeout_s", 30.0, "Seconds an engine may hold requests without any progress before "
             "/healthz reports it down and it is restarted as after a crash.", float),
     Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model."),
@@ -88,7 +96,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("top_p", 0.9, "Nucleus sampling threshold of answers.", float),
     Setting("seed", 0, "Seed of the engine's sampler.", int),
     Setting("max_concurrent_requests", 0, "Answers generated at once; more are told the desk is busy. "
-            "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU).", int),
+            "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the remote engine.", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
     Setting("rate_limit_per_minute", 30, "Messages one client address may send a minute (chat, /chat and /v1 "
             "together); 0 turns the limit off.", int),
@@ -156,6 +164,9 @@ class Settings:
     model: str
     engine: str
     engine_url: str
+    engine_connect_timeout_s: float
+    replica_urls: str
+    replica_kv_events: str
     engine_stall_timeout_s: float
     tokenizer: str
     dtype: str
@@ -311,6 +322,18 @@ def _validated(settings: Settings) -> Settings:
         fail("engine", f"must be local or remote, not {settings.engine!r}")
     if settings.engine == "remote" and not settings.engine_url.startswith(("http://", "https://")):
         fail("engine_url", f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {settings.engine_url!r}")
+    if settings.engine_connect_timeout_s < 1:
+        fail("engine_connect_timeout_s", f"must be at least 1 second, not {settings.engine_connect_timeout_s}")
+    bad = [u for u in (x.strip() for x in settings.replica_urls.split(",")) if u and not u.startswith(("http://", "https://"))]
+    if bad:
+        fail("replica_urls", f"must be http(s) URLs, not {bad[0]!r}")
+    if settings.replica_kv_events:
+        from app.engine.replicas import kv_event_sources
+
+        try:
+            kv_event_sources(settings.replica_kv_events)
+        except ValueError as exc:
+            fail("replica_kv_events", f"is invalid: {exc}")
     if settings.engine_stall_timeout_s < 1:
         fail("engine_stall_timeout_s", f"must be at least 1 second, not {settings.engine_stall_timeout_s}")
     if (settings.model and settings.model not in ALIASES and not _looks_like_hub_id(settings.model)

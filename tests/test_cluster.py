@@ -257,6 +257,20 @@ def test_two_cache_salts_share_no_blocks(remote_engine, aio, prompts, chains):
         (len(prompt) - 1) // block * block
 
 
+def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, prompts, chains):
+    time.sleep(1.2)  # a scrape after the earlier tests' requests
+    before = remote_engine.snapshot()
+    salt = uuid.uuid4().hex
+    asked = [ask(aio, remote_engine, prompts.build(system_text(chains[name]), [], "发票怎么开？").token_ids,
+                 key=name, salt=salt) for name in ("电商客服", "support-en", "电商客服", "support-en")]
+    expected = (before.queries + sum(s.prompt_tokens for s in asked),
+                before.hits + sum(s.num_cached_tokens for s in asked))
+    assert sum(s.num_cached_tokens for s in asked) > 0
+    snapshot = remote_engine.snapshot
+    assert eventually(lambda: (snapshot().queries, snapshot().hits), expected) == expected
+    assert (snapshot().num_blocks, snapshot().block_size) == (2 * 4096, 32)
+
+
 def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains):
     replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events)
     replicas.start(block_size=remote_engine.info.block_size)

@@ -10,11 +10,11 @@ import asyncio
 import time
 
 import pytest
-from sqlalchemy import update
-
-from admin.cache_view import KeepWarm, template_residency
+from admin.background import KeepWarm
+from admin.cache_view import template_residency
+from admin.warmup import probe_token
+from app.db import templates as db_templates
 from app.engine import RequestStats
-from app.models import Template, TemplateVersion
 from app.prompts import system_text
 
 import conftest
@@ -31,13 +31,12 @@ def small(tmp_path_factory, aio):
     services = conftest.start_services(settings)
     english = services.catalog.get("support-en").chain[0]
     chinese = services.catalog.get(PINNED).chain[0]
-    with services.store.session() as s:
-        template = Template(name=LONG, language="zh")
-        version = TemplateVersion(template=template, number=1, text="请同时遵守以下两份规则。\n" + english + "\n\n" + chinese)
-        s.add_all([template, version])
-        s.flush()
-        template.published_version_id = version.id
-        s.execute(update(Template).where(Template.name == PINNED).values(pinned=True))
+    fits = lambda *_: None  # noqa: E731 (the engine's context is checked when the prompts are built)
+    services.db.run(db_templates.create, name=LONG, text="请同时遵守以下两份规则。\n" + english + "\n\n" + chinese,
+                    user="test", check_fits=fits)
+    services.db.run(db_templates.publish, name=LONG, version=1, user="test", check_fits=fits)
+    services.db.run(db_templates.set_flag, name=PINNED, flag="pinned", value=True, user="test")
+    services.catalog.load()
     yield services
     services.close()
 
@@ -54,7 +53,7 @@ def send(aio, engine, token_ids) -> RequestStats:
 
 def residency(services):
     services.engine.residency.wait_quiet()
-    return {r.name: (r.resident_blocks, r.num_blocks) for r in template_residency(desk=services.desk,
+    return {r.name: (r.resident_blocks, r.num_blocks) for r in template_residency(catalog=services.catalog,
                                                                                   engine=services.engine)}
 
 
@@ -76,7 +75,8 @@ def test_a_pinned_template_survives_a_burst_that_evicts_an_unpinned_one(small, a
     assert (pinned_blocks, long_blocks) == (32, 44)
     assert pinned_blocks + long_blocks > engine.info.num_blocks - 1  # never both at once
 
-    keep_warm = KeepWarm(desk=small.desk, interval_s=0.05)
+    keep_warm = KeepWarm(engine=engine, db=small.db, catalog=small.catalog,
+                         probe_id=probe_token(small.prompts.tokenizer), interval_s=0.05)
     loop_future = asyncio.run_coroutine_threadsafe(keep_warm.run(), engine_loop)
     try:
         for name, message in [(LONG, "我的订单什么时候发货？"), ("电子产品", "手机保修多久？"),

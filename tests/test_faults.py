@@ -30,7 +30,7 @@ def engine_core(server: AppProcess) -> psutil.Process:
 
 
 def start_answer(url, message):
-    job = Client(url, verbose=False).submit(message, [], "电商客服", None, api_name="/chat")
+    job = Client(url, verbose=False).submit(message, [], "电商客服", None, None, api_name="/chat")
     deadline = time.monotonic() + 60
     while not job.outputs():
         assert time.monotonic() < deadline, "no delta within 60 s"
@@ -53,7 +53,7 @@ def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
         while (h := health(server.url))["restarts"] != 1 or not h["ok"]:
             assert time.monotonic() < deadline, f"engine did not restart: {h}"
             time.sleep(0.5)
-        again = Client(server.url, verbose=False).predict("还在吗？", [], "电商客服", None, api_name="/chat")
+        again = Client(server.url, verbose=False).predict("还在吗？", [], "电商客服", None, None, api_name="/chat")
         assert again["status"] == "ok" and again["num_cached_tokens"] == 0  # a new, empty KV cache
         assert server.proc.poll() is None
     finally:
@@ -85,7 +85,7 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_pat
         db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
         # Clients first: a gradio_client streaming a long answer slows its whole process down.
         clients = [Client(server.url, verbose=False) for _ in range(3)]
-        jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, api_name="/chat")
+        jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
                 for i, c in enumerate(clients)]
         # A separate process sends the signal once all three answers are running: gradio_client's
         # streaming threads can starve this process for seconds.
@@ -114,8 +114,8 @@ def test_model_path_that_does_not_exist_names_the_setting(tmp_path):
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1] == (
         "prefixdesk: cannot start: PREFIXDESK_MODEL points to './no/such/model', which does not exist; "
-        "give a local model folder or a hub id. Hugging Face id or local path of the model; empty uses the "
-        "built-in demo model."
+        "give a local model folder or a hub id. Hugging Face id or local path of the model, or qwen2.5-0.5b-demo "
+        "(a real small chat model that `make demo-model` prepares); empty uses the built-in random-weight demo model."
     )
 
 

@@ -42,8 +42,8 @@ SEEDS = {"商城通用规则", "服装鞋包", "电商客服", "电子产品", "
 
 def resident(services, engine):
     """Residency of the seeded templates (other tests may add templates of their own)."""
-    return {r.name: (r.resident_blocks, r.num_blocks) for r in template_residency(desk=services.desk, engine=engine)
-            if r.name in SEEDS}
+    return {r.name: (r.resident_blocks, r.num_blocks)
+            for r in template_residency(catalog=services.catalog, engine=engine) if r.name in SEEDS}
 
 
 def reset(aio, engine):
@@ -89,12 +89,20 @@ def test_the_tree_shows_the_shared_parent_with_its_children(services, engine, ai
     reset(aio, engine)
     send(aio, engine, prompt_ids(services, "电子产品", "手机保修多久？"))
     send(aio, engine, prompt_ids(services, "服装鞋包", "尺码不合适能换吗？"))
-    [root] = cache_tree(desk=services.desk, engine=engine)
-    assert (root.num_blocks, root.templates_ending) == (5, ("商城通用规则",))
-    children = {c.templates_ending: c for c in root.children}
-    assert set(children) == {("电子产品",), ("服装鞋包",)}
-    # Each child's branch: its own prefix blocks, then the blocks of the one conversation turn.
-    electronics, apparel = children[("电子产品",)], children[("服装鞋包",)]
-    assert electronics.template_blocks == 9 - 5 and apparel.template_blocks == 8 - 5
-    assert electronics.num_blocks == (len(prompt_ids(services, "电子产品", "手机保修多久？")) + 2 - 1) // 32 - 5
-    assert apparel.num_blocks == (len(prompt_ids(services, "服装鞋包", "尺码不合适能换吗？")) + 2 - 1) // 32 - 5
+    tree = cache_tree(catalog=services.catalog, mirror=engine.residency)
+    [root] = tree.roots
+    assert ([(t.name, t.resident_blocks, t.num_blocks) for t in root.templates], root.prefix_blocks) == (
+        [("商城通用规则", 5, 5)], 5)
+    children = {c.templates[0].name: c for c in root.children}
+    assert set(children) == {"电子产品", "服装鞋包"}
+    # Each child: its own prefix blocks, the table's numbers, and the one conversation turn as a count.
+    electronics, apparel = children["电子产品"], children["服装鞋包"]
+    assert (electronics.templates[0].resident_blocks, electronics.templates[0].num_blocks) == (9, 9)
+    assert (electronics.prefix_blocks, apparel.prefix_blocks) == (9 - 5, 8 - 5)
+    # Past the prefix, the full blocks of prompt + answer (2 tokens; the last token's block is not stored).
+    beyond = {"电子产品": (len(prompt_ids(services, "电子产品", "手机保修多久？")) + 2 - 1) // 32 - 9,
+              "服装鞋包": (len(prompt_ids(services, "服装鞋包", "尺码不合适能换吗？")) + 2 - 1) // 32 - 8}
+    assert beyond == {"电子产品": 0, "服装鞋包": 1}  # this question ends inside 电子产品's last prefix block
+    assert (electronics.conversations, electronics.conversation_blocks) == (0, 0)
+    assert (apparel.conversations, apparel.conversation_blocks) == (1, 1)
+    assert (tree.salted_namespaces, tree.other_branches) == (0, 0)

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, Engine, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, RequestStats)
+                              EngineStartError, Health, ReplicaView, RequestStats, Residency)
 from app.settings import Settings
 
 __all__ = [
     "CacheBranch", "CacheSnapshot", "Delta", "Engine", "EngineBusy", "EngineError", "EngineInfo", "EngineRejected",
-    "EngineStartError", "Health", "KVEventStats", "RequestStats", "ResidencyMatch", "ResidencyMirror",
+    "EngineStartError", "Health", "KVEventStats", "ReplicaView", "RequestStats", "Residency", "ResidencyMatch", "ResidencyMirror",
     "build_engine", "resolve_model_path",
 ]
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from app.engine.monitor import CacheMonitor, stat_logger_factory
 from app.engine.residency import ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, RequestStats)
+                              EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -298,6 +298,9 @@ class LocalEngine:
 
     def reset_max_running_seen(self) -> None:
         self._monitor.reset_max_running_seen()
+
+    def replicas(self) -> tuple[ReplicaView, ...]:
+        return ()  # one engine, in this process
 
     @property
     def restarting(self) -> bool:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from app.engine.residency import ResidencyMirror
+    from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
 
 
 class EngineError(RuntimeError):
@@ -34,7 +34,7 @@ class EngineStartError(RuntimeError):
 class EngineInfo:
     model: str
     is_demo_model: bool
-    device: str  # "cpu" or "cuda"
+    device: str  # "cpu" or "cuda" in-process; "remote" behind an OpenAI-compatible server
     block_size: int
     num_blocks: int
     kv_cache_bytes: int
@@ -97,12 +97,60 @@ class Health:
     reason: str = ""  # empty when ok
 
 
+@dataclass(frozen=True)
+class ReplicaView:
+    """A replica as of its latest scrape."""
+
+    url: str
+    up: bool
+    reason: str  # why it is down; "" when up
+    running: int
+    waiting: int
+    kv_cache_usage: float
+    queries: int
+    hits: int
+    requests: int
+    generation_tokens: int
+    num_blocks: int
+    block_size: int
+    mirror: ResidencyMirror | None  # its KV-cache events, when it publishes them
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hits / self.queries if self.queries else 0.0
+
+
+class Residency(Protocol):
+    """What the cache holds, from KV-cache events: one engine's mirror, or a cluster's mirrors read as one."""
+
+    block_size: int
+
+    def match(self, token_ids: Sequence[int], *, cache_salt: str | None = None) -> ResidencyMatch: ...
+
+    def num_cached_blocks(self) -> int: ...
+
+    def tree(self) -> list[CacheBranch]: ...
+
+    def stats(self) -> KVEventStats: ...
+
+    def wait_quiet(self, quiet_s: float = 0.3, timeout_s: float = 10.0) -> bool: ...
+
+    def clear(self) -> None: ...
+
+
 class Engine(Protocol):
     """What the app needs from a backend."""
 
     info: EngineInfo
-    residency: ResidencyMirror | None  # None when KV-cache events are off
+    residency: Residency | None  # None when KV-cache events are off
     restarts: int
+
+    @property
+    def restarting(self) -> bool: ...
+
+    def replicas(self) -> tuple[ReplicaView, ...]:
+        """The engine's replicas as of their latest scrape; empty for an in-process engine."""
+        ...
 
     def stream(
         self,
