@@ -99,7 +99,7 @@ class ConsoleAccess:
         self.throttle = LoginThrottle(free_attempts)
         self._hashing = asyncio.Semaphore(HASH_CONCURRENCY)
         self._waiting = 0
-        self._cache: dict[str, tuple[str | None, float]] = {}  # token hash -> (operator, checked at)
+        self._cache: dict[str, tuple[str | None, float]] = {}  # token hash -> (operator, valid until, monotonic)
 
     async def login(self, *, name: str, password: str, client: str) -> str:
         """A new session token for ``name``; raises LoginRefused (with when to try again)."""
@@ -137,13 +137,15 @@ class ConsoleAccess:
         key = _hash(token)
         cached = self._cache.get(key)
         now = time.monotonic()
-        if not fresh and cached is not None and now - cached[1] < SESSION_CACHE_S:
+        if not fresh and cached is not None and now < cached[1]:
             return cached[0]
         session = await self.db.read(db_operators.find_session, token_hash=key, now=utcnow())
         if len(self._cache) > 10_000:
             self._cache.clear()
         operator = session.operator if session else None
-        self._cache[key] = (operator, now)
+        # Trusted for SESSION_CACHE_S, and never past the session's own expiry.
+        left_s = (session.expires_at - utcnow()).total_seconds() if session else SESSION_CACHE_S
+        self._cache[key] = (operator, now + min(SESSION_CACHE_S, left_s))
         return operator
 
     async def logout(self, token: str | None) -> None:

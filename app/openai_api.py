@@ -203,12 +203,25 @@ def _param(loc: tuple) -> str:
 
 
 def _explain(error: dict) -> str:
-    kind = error["type"]
+    kind, ctx = error["type"], error.get("ctx") or {}
+    if kind == "string_unicode":
+        return "must be valid Unicode text (it holds an unpaired surrogate)"
+    if kind in ("string_type", "list_type") and "content" in error["loc"]:
+        return "must be a string or a list of {\"type\": \"text\", \"text\": ...} parts"
     names = {"int_type": "must be an integer", "bool_type": "must be true or false", "string_type": "must be a string",
              "list_type": "must be a list", "model_type": "must be an object", "float_type": "must be a number",
-             "literal_error": error["msg"].replace("Input should be", "must be"), "missing": "is required"}
+             "missing": "is required", "dict_type": "must be an object"}
     if kind in names:
         return names[kind]
+    if kind == "literal_error":
+        return error["msg"].replace("Input should be", "must be")
+    if kind in ("less_than_equal", "less_than"):
+        return f"must be at most {ctx.get('le', ctx.get('lt'))}"
+    if kind in ("greater_than_equal", "greater_than"):
+        return f"must be {'at least' if kind == 'greater_than_equal' else 'more than'} {ctx.get('ge', ctx.get('gt'))}"
+    if kind in ("too_long", "too_short", "string_too_long", "string_too_short"):
+        return (error["msg"].replace("List should have", "must have").replace("String should have", "must have")
+                .replace(" after validation", ""))
     return error["msg"][0].lower() + error["msg"][1:]
 
 

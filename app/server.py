@@ -164,11 +164,7 @@ def serve(services: Services, app: FastAPI) -> None:
         def capture_signals(self):  # uvicorn >= 0.29 re-raises the signal after shutdown; we exit 0
             yield
 
-    settings = services.settings
-    # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
-    # Forwarded headers are judged by app/clients.py against PREFIXDESK_TRUSTED_PROXIES, not by uvicorn.
-    server = _Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level="warning",
-                                    timeout_graceful_shutdown=5, proxy_headers=False, server_header=False))
+    server = _Server(uvicorn_config(app, services.settings))
 
     async def stop() -> None:
         aborted = await services.engine.abort_all()
@@ -187,6 +183,18 @@ def serve(services: Services, app: FastAPI) -> None:
         asyncio.run(main())
     finally:
         services.close()
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
+    """How uvicorn serves the app (tests serve it the same way)."""
+    import uvicorn
+
+    # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
+    # Forwarded headers are judged by app/clients.py against PREFIXDESK_TRUSTED_PROXIES: uvicorn
+    # would otherwise believe X-Forwarded-For from any local peer.
+    options = dict(host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
+                   proxy_headers=False, server_header=False, lifespan="on")
+    return uvicorn.Config(app, **(options | overrides))
 
 
 def _lifespan(app: FastAPI, services: Services) -> None:

@@ -128,10 +128,9 @@ def server_url(services, engine_loop):
 
     import uvicorn
 
-    from app.server import create_app
+    from app.server import create_app, uvicorn_config
 
-    config = uvicorn.Config(create_app(services), host="127.0.0.1", port=services.settings.port,
-                            log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+    config = uvicorn_config(create_app(services), services.settings, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(), engine_loop)
     deadline = time.monotonic() + 30
@@ -269,12 +268,11 @@ class SecondServer:
 
         import uvicorn
 
-        from app.server import build_services, create_app
+        from app.server import build_services, create_app, uvicorn_config
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        self._server = uvicorn.Server(uvicorn.Config(create_app(self.services), host="127.0.0.1",
-                                                     port=self.settings.port, log_level="warning", lifespan="on",
+        self._server = uvicorn.Server(uvicorn_config(create_app(self.services), self.settings,
                                                      timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
         deadline = time.monotonic() + 60
@@ -313,3 +311,23 @@ def console_page(browser, server_url: str, account: tuple[str, str], *, width: i
     page.wait_for_url(server_url + "admin/")
     page.locator("#templates-table").wait_for(timeout=60_000)
     return page
+
+
+# -- servers as an attacker meets them (tests/security) -------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def proxied(services, engine_loop, tmp_path_factory):
+    """A server behind a trusted reverse proxy on 127.0.0.1 that names tenants in X-Tenant, with an operator."""
+    with SecondServer(services, engine_loop, tmp_path_factory.mktemp("proxied"), trusted_proxies="127.0.0.1",
+                      tenant_header="X-Tenant", admin_password="operator passphrase 9",
+                      admin_login_attempts=3) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def limited(services, engine_loop, tmp_path_factory):
+    """A server with the per-client limits an operator would set: 3 messages a minute, 2 streams at once."""
+    with SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
+                      max_streams_per_client=2, max_tokens=600) as url:
+        yield url

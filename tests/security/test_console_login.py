@@ -1,0 +1,90 @@
+"""Attack: turn the console's login against its operator, or keep a session that should be over.
+
+Before: five wrong passwords from anywhere locked the real operator out for five minutes, again and
+again (a lock per account; cross-origin form posts counted too); scrypt ran on the event loop, so 32
+concurrent logins took /healthz from 3 ms to 1.2 s; an expired session worked again when a decoy
+``access-token-*`` cookie came before the real one.
+After: failures delay only the address they come from (1 s, 2 s, 4 s … after the free attempts), a
+form posted from another origin is refused, passwords are hashed on a thread a few at a time, and a
+session is one exact cookie checked against the database.
+"""
+
+import statistics
+import threading
+import time
+
+import httpx
+
+from conftest import SecondServer
+
+OPERATOR = ("admin", "operator passphrase 9")  # the proxied server's PREFIXDESK_ADMIN_USER / _PASSWORD
+
+
+def login(url: str, password: str, client: str, **headers) -> httpx.Response:
+    return httpx.post(url + "admin/login", data={"username": OPERATOR[0], "password": password},
+                      headers={"X-Forwarded-For": client, **headers}, timeout=30)
+
+
+def test_a_stranger_guessing_passwords_cannot_lock_the_operator_out(proxied):
+    stranger, operator_address = "203.0.113.66", "198.51.100.5"
+    statuses = [login(proxied, f"guess {i}", stranger).status_code for i in range(3)]
+    assert statuses == [401, 401, 401]  # the free attempts (PREFIXDESK_ADMIN_LOGIN_ATTEMPTS=3) ...
+    assert login(proxied, "guess 3", stranger).status_code == 401  # ... then each failure costs a wait
+    waited = login(proxied, "guess 4", stranger)
+    assert (waited.status_code, waited.headers["retry-after"]) == (429, "1")
+    assert waited.json() == {"detail": "Too many failed logins from your address; try again in 1 s."}
+    ok = login(proxied, OPERATOR[1], operator_address)  # the operator, meanwhile, from their own address
+    assert (ok.status_code, ok.json()) == (200, {"success": True})
+
+
+def test_a_login_form_posted_from_another_site_is_refused(proxied):
+    r = login(proxied, OPERATOR[1], "198.51.100.6", Origin="https://evil.example")
+    assert (r.status_code, r.json()) == (403, {"detail": "请从本服务器自己的登录页登录。"})
+    assert "set-cookie" not in r.headers
+    same = login(proxied, OPERATOR[1], "198.51.100.6", Origin=proxied.rstrip("/"))
+    assert same.status_code == 200
+
+
+def test_a_decoy_cookie_does_not_revive_an_expired_session(services, engine_loop, tmp_path):
+    with SecondServer(services, engine_loop, tmp_path, admin_password="operator passphrase 9",
+                      admin_session_ttl_s=1) as url:
+        r = httpx.post(url + "admin/login", data={"username": "admin", "password": "operator passphrase 9"})
+        token = r.cookies["prefixdesk_console"]
+        assert httpx.get(url + "admin/config", cookies={"prefixdesk_console": token}).status_code == 200
+        time.sleep(1.5)
+        for cookies in ({"prefixdesk_console": token},
+                        {"access-token-x": token, "prefixdesk_console": token},
+                        {"access-token-unsecure-x": "forged", "prefixdesk_console": token},
+                        {"prefixdesk_console": "forged-token"}):
+            r = httpx.get(url + "admin/config", cookies=cookies)
+            assert (r.status_code, r.json()) == (401, {"detail": "未登录：请打开 /admin/login。"}), cookies
+
+
+def test_thirty_two_logins_at_once_do_not_stall_the_server(proxied):
+    health_ms: list[float] = []
+    done = threading.Event()
+
+    def probe():
+        with httpx.Client() as client:
+            while not done.is_set():
+                started = time.monotonic()
+                client.get(proxied + "healthz")
+                health_ms.append((time.monotonic() - started) * 1000)
+                time.sleep(0.05)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    statuses: list[int] = []
+    workers = [threading.Thread(target=lambda i=i: statuses.append(
+        login(proxied, OPERATOR[1], f"192.0.2.{100 + i}").status_code)) for i in range(32)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    done.set()
+    prober.join()
+    # Hashed two at a time on threads: the logins queue (the excess are told to retry), the server answers.
+    assert statuses.count(200) + statuses.count(429) == 32 and statuses.count(200) >= 16
+    print(f"\n32 concurrent logins: {statuses.count(200)} ok, {statuses.count(429)} told to retry; /healthz p50 "
+          f"{statistics.median(health_ms):.0f} ms, max {max(health_ms):.0f} ms")
+    assert max(health_ms) < 250

@@ -1,0 +1,72 @@
+"""Attack: make Gradio serve a server file by naming it in an event's value (the chat is public).
+
+Before: a chat history whose message named /proc/self/environ, sent to one of ChatInterface's own
+events, made Gradio copy the file into its cache and hand back a URL anyone could download — the
+process environment with the admin password, the SQLite database, the browser-state key. Gradio
+skips its allowed-path check in apps that were mounted rather than launched.
+After: the mounted apps say they are launched (the check runs), the data dir and the code are
+blocked paths, and the chat's outputs never echo a value a browser sent. Every event the page's
+config lists is tried with a file-shaped value in every input.
+"""
+
+import json
+from urllib.parse import quote
+
+import httpx
+import pytest
+
+from attack import call_event, config
+
+FILE_DATA = {"meta": {"_type": "gradio.FileData"}}
+MARKERS = ("root:x:0:0", "PREFIXDESK_", "SQLite format 3")
+
+
+def targets(settings) -> list[str]:
+    data = settings.data_dir.resolve()
+    return ["/etc/passwd", "/proc/self/environ", str(data / "prefixdesk.db"), str(data / "tenant-salt.key"),
+            str(data / "browser-state.key")]
+
+
+def shapes(path: str) -> list:
+    """The forms a file can take in a component's value: bare, in a list, in a chat message."""
+    one = {"path": path, "orig_name": "x.txt", **FILE_DATA}
+    return [one, [one], {"role": "user", "content": [{"file": one, "alt_text": None}]},
+            [{"role": "user", "content": {"file": one}}], {"files": [one], "text": "hi"}]
+
+
+def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url, settings):
+    cfg = config(server_url)
+    events = [(i, d) for i, d in enumerate(cfg["dependencies"]) if d.get("backend_fn")]
+    assert len(events) >= 9  # send ×2, retry, stop, load, open conversation, new, template, /chat
+    secrets_on_disk = [(settings.data_dir / n).read_text() for n in ("tenant-salt.key", "browser-state.key")]
+    tried = 0
+    for index, dep in events:
+        for position in range(len(dep["inputs"])):
+            for path in targets(settings):
+                for shape in shapes(path):
+                    data = [None] * len(dep["inputs"])
+                    data[position] = shape
+                    messages = call_event(server_url, dep.get("id", index), data,
+                                          trigger_id=(dep.get("targets") or [[None]])[0][0])
+                    text = json.dumps(messages, ensure_ascii=False)
+                    assert "/file=" not in text and "gradio_api/file" not in text, (dep.get("api_name"), text[:500])
+                    assert not any(m in text for m in MARKERS + tuple(secrets_on_disk)), dep.get("api_name")
+                    tried += 1
+    assert tried >= 9 * 5 * 5
+
+
+@pytest.mark.parametrize("name", ["/etc/passwd", "/proc/self/environ", "prefixdesk.db", "tenant-salt.key"])
+def test_the_file_route_refuses_server_paths(server_url, settings, name):
+    path = name if name.startswith("/") else str(settings.data_dir.resolve() / name)
+    for prefix in ("gradio_api/file=", "file="):
+        r = httpx.get(server_url + prefix + quote(path))
+        assert r.status_code in (403, 404), (prefix, r.status_code)
+        assert not any(m in r.text for m in MARKERS)
+
+
+def test_the_chat_accepts_no_upload_and_gradio_extras_are_off(server_url):
+    r = httpx.post(server_url + "gradio_api/upload", files={"files": ("a.txt", b"x" * 10)})
+    assert (r.status_code, r.json()) == (403, {"detail": "This chat accepts no uploads: send your question as text."})
+    for path in ("monitoring", "gradio_api/monitoring", "runs", "gradio_api/run-history/records", "docs",
+                 "gradio_api/vibe-code"):
+        assert httpx.get(server_url + path).status_code in (403, 404, 405), path
