@@ -20,6 +20,11 @@ def main(argv: list[str]) -> int:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
 
+    if settings.web_processes > 1 and "--worker" not in argv:
+        from app.workers import supervise
+
+        return supervise(settings)
+
     from app.engine import EngineStartError
     from app.model_aliases import ModelNotPrepared
     from app.server import build_services, create_app, serve
@@ -31,7 +36,7 @@ def main(argv: list[str]) -> int:
         return 2
     app = create_app(services)
     print(f"prefixdesk: serving on http://{settings.host}:{settings.port}", flush=True)
-    serve(services, app)
+    serve(services, app, reuse_port="--worker" in argv)
     return 0
 
 

@@ -146,7 +146,7 @@ def create_app(services: Services) -> FastAPI:
     return app
 
 
-def serve(services: Services, app: FastAPI) -> None:
+def serve(services: Services, app: FastAPI, *, reuse_port: bool = False) -> None:
     """Run the web server until SIGINT/SIGTERM, then stop in-flight answers and close cleanly.
 
     On a signal every answer in progress is aborted in the engine first, so each is stored as
@@ -177,12 +177,24 @@ def serve(services: Services, app: FastAPI) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
-        await server.serve()
+        await server.serve(sockets=[_shared_socket(services.settings)] if reuse_port else None)
 
     try:
         asyncio.run(main())
     finally:
         services.close()
+
+
+def _shared_socket(settings: Settings):
+    """A listening socket that other web processes bind too: the kernel spreads connections over them."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    return sock
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides):

@@ -52,6 +52,8 @@ SETTINGS: tuple[Setting, ...] = (
     # Server
     Setting("host", "127.0.0.1", "Address the web server listens on."),
     Setting("port", 7860, "Port of the web server (chat at /, admin console at /admin).", int),
+    Setting("web_processes", 1, "Web server processes sharing the port. More than 1 needs PREFIXDESK_ENGINE=remote "
+            "(each process would otherwise start an engine of its own) and, for more than a few, PostgreSQL.", int),
     Setting("data_dir", "var", "Folder for the SQLite database, the demo model and other state."),
     Setting("database_url", "", "SQLAlchemy URL of the database; empty means sqlite:///<data_dir>/prefixdesk.db."),
     Setting("templates_dir", "templates", "Folder of template files that seed an empty database."),
@@ -157,6 +159,7 @@ def password_weakness(password: str) -> str | None:
 class Settings:
     host: str
     port: int
+    web_processes: int
     data_dir: Path
     database_url: str
     templates_dir: Path
@@ -254,6 +257,10 @@ def _validated(settings: Settings) -> Settings:
 
     if not 0 < settings.port < 65536:
         fail("port", f"must be between 1 and 65535, not {settings.port}")
+    if not 1 <= settings.web_processes <= 64:
+        fail("web_processes", f"must be between 1 and 64, not {settings.web_processes}")
+    if settings.web_processes > 1 and settings.engine != "remote":
+        fail("web_processes", "above 1 needs PREFIXDESK_ENGINE=remote: each process would start an engine of its own")
     if settings.ui_language not in ("zh", "en"):
         fail("ui_language", f"must be zh or en, not {settings.ui_language!r}")
     if settings.tensor_parallel_size < 1:
