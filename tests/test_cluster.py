@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -386,3 +387,96 @@ def test_the_launcher_starts_a_dead_replica_again(cluster, remote_engine, aio):
     back = eventually(lambda: ask(aio, remote_engine, prompt, key=cluster.victim_key).replica, victim)
     assert back == victim
     assert ask(aio, remote_engine, prompt, key=cluster.victim_key).num_cached_tokens == 96
+
+
+# -- the app over the cluster: chats stored with their replica, the console, a replica dying mid-answer --
+
+
+class _OnEngine:
+    """What conftest.SecondServer needs of the session's services: the engine the app should use."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+
+@pytest.fixture(scope="module")
+def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
+    """The whole app (chat, console, /v1) over the cluster's router, with long answers (support-en only)."""
+    from conftest import SecondServer
+
+    data_dir = tmp_path_factory.mktemp("cluster-app")
+    templates = data_dir / "templates"
+    templates.mkdir()
+    (templates / "02-support-en.txt").write_text((ROOT / "templates" / "02-support-en.txt").read_text())
+    with SecondServer(_OnEngine(remote_engine), engine_loop, data_dir, engine="remote",
+                      engine_url=cluster.router_url, max_tokens=1500, templates_dir=str(templates),
+                      admin_password="cluster console 42") as url:
+        yield url, data_dir
+
+
+def stored(data_dir, message_id):
+    import sqlite_utils
+
+    return sqlite_utils.Database(data_dir / "prefixdesk.db")["messages"].get(message_id)
+
+
+def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(cluster_app, cluster, block_size):
+    from gradio_client import Client
+
+    url, data_dir = cluster_app
+    chat = Client(url, verbose=False)
+    first = chat.predict("Where is my parcel?", None, "support-en", None, None, api_name="/chat")
+    second = chat.predict("Can I change the size?", None, "support-en", None, None, api_name="/chat")
+    assert (first["status"], second["status"]) == ("ok", "ok")
+    assert first["replica"] == second["replica"] and first["replica"] in cluster.replica_urls  # family affinity
+    prefix = len(PromptBuilder(str(next((data_dir / "demo-model").iterdir())), max_model_len=2048, max_tokens=1500,
+                               drop_oldest_turns=True).prefix_ids(
+        system_text([f.text for f in read_folder(data_dir / "templates")])))
+    assert second["num_cached_tokens"] == prefix // block_size * block_size == 384  # warmed at start-up
+    assert stored(data_dir, second["message_id"])["replica"] == second["replica"]
+    health = httpx.get(url + "healthz").json()
+    assert (health["backend"], [(r["url"], r["up"]) for r in health["replicas"]]) == (
+        "remote", [(u, True) for u in cluster.replica_urls])
+
+
+def test_the_console_shows_both_replicas(cluster_app, cluster, browser):
+    from conftest import console_page
+
+    url, _ = cluster_app
+    page = console_page(browser, url, ("admin", "cluster console 42"), width=1400, height=1000)
+    page.get_by_role("tab", name="缓存").click()
+    table = page.locator("#cache-replicas")
+    for replica in cluster.replica_urls:
+        table.get_by_text(replica).first.wait_for(timeout=30_000)
+    assert table.get_by_text("正常").count() == 2
+    page.locator("#cache-tree").get_by_text("support-en").first.wait_for(timeout=30_000)
+    from conftest import OUTPUT_DIR
+
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view-cluster.png"), full_page=True)
+    page.close()
+
+
+def test_a_replica_dying_mid_answer_loses_no_stored_message_and_the_next_chat_is_answered(
+        cluster_app, cluster, remote_engine, aio):
+    from gradio_client import Client
+
+    url, data_dir = cluster_app
+    victim = ask(aio, remote_engine, [1, 2, 3], key="support-en").replica  # where the family lives
+    survivor = next(u for u in cluster.replica_urls if u != victim)
+    job = Client(url, verbose=False).submit("Tell me about every policy.", None, "support-en", None, None,
+                                            api_name="/chat")
+    deadline = time.monotonic() + 60
+    while not job.outputs():
+        assert time.monotonic() < deadline, "no answer text within 60 s"
+        time.sleep(0.01)
+    cluster.kill_replica(victim)
+    final = job.result(timeout=120)
+    assert final["status"] == "error"
+    assert re.fullmatch(rf"The answer broke off: the model server {re.escape(victim)} stopped while answering"
+                        r"( \(\w+\))?; please retry\.", final["error"]), final["error"]
+    row = stored(data_dir, final["message_id"])
+    assert (row["status"], row["text"]) == ("error", final["text"]) and row["text"]  # the partial answer is kept
+    assert stored(data_dir, final["message_id"] - 1)["text"] == "Tell me about every policy."
+    again = Client(url, verbose=False).predict("Are you there?", None, "support-en", None, None, api_name="/chat")
+    assert (again["status"], again["replica"]) == ("ok", survivor)
+    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
