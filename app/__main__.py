@@ -1,4 +1,8 @@
-"""``python -m app``: serve the chat (/) on one shared vLLM engine. ``--help`` lists the settings."""
+"""``python -m app``: serve the chat (/) on one shared vLLM engine. ``--help`` lists the settings.
+
+``--api-only`` serves only /healthz and the OpenAI-compatible /v1 (no chat, no console, no Gradio
+import): the web tier the GPU benchmarks run (app/bench/gpu.sh), or an API-only deployment.
+"""
 
 from __future__ import annotations
 
@@ -23,18 +27,18 @@ def main(argv: list[str]) -> int:
     if settings.web_processes > 1 and "--worker" not in argv:
         from app.workers import supervise
 
-        return supervise(settings)
+        return supervise(settings, worker_args=[a for a in argv if a == "--api-only"])
 
     from app.engine import EngineStartError
     from app.model_aliases import ModelNotPrepared
-    from app.server import build_services, create_app, serve
+    from app.server import build_services, create_api_app, create_app, serve
 
     try:
         services = build_services(settings)
     except (SettingsError, EngineStartError, ModelNotPrepared) as exc:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
-    app = create_app(services)
+    app = create_api_app(services) if "--api-only" in argv else create_app(services)
     print(f"prefixdesk: serving on http://{settings.host}:{settings.port}", flush=True)
     serve(services, app, reuse_port="--worker" in argv)
     return 0

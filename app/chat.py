@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import gradio as gr
@@ -22,6 +23,9 @@ from app.engine import EngineInfo
 from app.prompts import Turn
 
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
+# Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
+# and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
+UI_UPDATE_INTERVAL_S = 0.1
 
 CSS = """
 footer { display: none !important; }
@@ -32,36 +36,58 @@ footer { display: none !important; }
 #pd-composer button { min-width: 72px; max-width: 96px; }
 .pd-glyph { font-variant-numeric: tabular-nums; }
 @media (max-width: 640px) {
-  #pd-header p { display: none; }
+  #pd-header p, #pd-model, #demo-notice { display: none; }
   #chatbot { height: 60vh !important; }
 }
 """
 
-# Browser first glyph: from Enter (or the send button) to the first answer text painted.
+# Browser first glyph: from Enter (or the send button) to the first glyph of the *new* answer on screen.
+# Each answer is one bot group in the chatbot; the question's answer is the group at the index the
+# chat had groups when it was sent (the previous answers come before it). The time is taken after
+# the next frame is painted (requestAnimationFrame runs before the paint, the task after it runs
+# after), and the caption's details show it for that answer. On a phone the sidebar starts closed.
 JS = """
 () => {
-  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: []};
-  const start = () => { state.pending = {t0: performance.now(), seen: document.querySelectorAll('#chatbot .bot').length}; };
+  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}};
+  const answers = () => [...document.querySelectorAll('#chatbot .message.bot')];
+  // An answer's own text: its messages that are not a caption or notice (those fold under a title).
+  const text = (group) => [...group.querySelectorAll('[data-testid=bot]')]
+    .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
+  const start = () => { state.pending = {t0: performance.now(), index: answers().length}; };
   document.addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey && e.target.closest('#message')) start();
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target.closest('#message')) start();
   }, true);
-  document.addEventListener('click', (e) => { if (e.target.closest('#send')) start(); }, true);
+  document.addEventListener('click', (e) => {
+    if (e.target.closest('#send')) start();
+    if (e.target.closest('#retry')) { delete state.byAnswer[answers().length - 1]; state.pending = null; }
+    if (e.target.closest('#conversations, #new-conversation')) { state.byAnswer = {}; state.pending = null; }
+  }, true);
   new MutationObserver(() => {
     const p = state.pending;
-    if (p && !p.t1) {
-      const bots = [...document.querySelectorAll('#chatbot .message.bot')].filter(b => !b.closest('.thought-group, .message-wrap .thought'));
-      const last = bots[bots.length - 1];
-      if (bots.length > 0 && last && last.innerText.trim().length > 0 && !last.querySelector('.pd-glyph')) {
+    if (p && p.t1 === undefined) {
+      const group = answers()[p.index];
+      if (group && text(group)) {
         p.t1 = performance.now();
-        requestAnimationFrame(() => { p.painted = performance.now(); state.measured.push(Math.round(p.painted - p.t0)); });
+        requestAnimationFrame(() => setTimeout(() => {
+          const ms = Math.round(performance.now() - p.t0);
+          state.byAnswer[p.index] = ms;
+          state.measured.push(ms);
+        }, 0));
       }
     }
     for (const span of document.querySelectorAll('#chatbot .pd-glyph:not([data-filled])')) {
-      const last = state.measured[state.measured.length - 1];
-      span.dataset.filled = '1';
-      if (p && p.painted && !p.shown) { span.textContent = String(Math.round(p.painted - p.t0)); p.shown = true; }
+      const ms = state.byAnswer[answers().indexOf(span.closest('.message.bot'))];
+      if (ms !== undefined) { span.textContent = String(ms); span.dataset.filled = '1'; }
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
+  if (window.matchMedia('(max-width: 640px)').matches) {
+    const close = (tries) => {
+      const bar = document.querySelector('#pd-sidebar');
+      if (bar && bar.classList.contains('open')) bar.querySelector('.toggle-button').click();
+      else if (tries > 0) setTimeout(() => close(tries - 1), 50);
+    };
+    close(100);
+  }
 }
 """
 
@@ -94,15 +120,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
             return
         base.append({"role": "user", "content": question})
-        yield _out(base, conversation_id, session_key, "")
         try:
             caller = caller_of(request)
-            events = desk.answer(session_key=session_key, client=caller.address, template_name=template,
-                                 message=question, conversation_id=conversation_id, tenant=caller.tenant)
+        except TenantRefused as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, "")
+            return
+        events = _Ahead(desk.answer(session_key=session_key, client=caller.address, template_name=template,
+                                    message=question, conversation_id=conversation_id, tenant=caller.tenant))
+        try:
+            yield _out(base, conversation_id, session_key, "")  # the question on screen, the box emptied
             async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
                 yield update
-        except (DeskInputError, TenantRefused) as exc:
+        except DeskInputError as exc:
             yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+        finally:
+            await events.aclose()
 
     async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
         if conversation_id is None:
@@ -111,15 +143,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        yield _out(base, conversation_id, session_key, gr.skip())
         try:
             caller = caller_of(request)
-            events = desk.retry(session_key=session_key, client=caller.address, conversation_id=conversation_id,
-                                tenant=caller.tenant)
+        except TenantRefused as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+            return
+        events = _Ahead(desk.retry(session_key=session_key, client=caller.address, conversation_id=conversation_id,
+                                   tenant=caller.tenant))
+        try:
+            yield _out(base, conversation_id, session_key, gr.skip())
             async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
                 yield update
-        except (DeskInputError, TenantRefused) as exc:
+        except DeskInputError as exc:
             yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+        finally:
+            await events.aclose()
 
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
         # The cancelled answer stores itself as stopped; show the stored conversation once it has.
@@ -203,12 +241,55 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     return demo
 
 
+class _Ahead:
+    """The desk's events with the first one already on its way: while Gradio sends the question to the
+    page, the desk stores it and the engine starts answering (both off the path to the first glyph).
+    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile)."""
+
+    def __init__(self, events: AsyncIterator[Progress | Finished]):
+        self._events = events
+        self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Progress | Finished:
+        if self._first is None:
+            return await anext(self._events)
+        first, self._first = self._first, None
+        return await first
+
+    async def aclose(self) -> None:
+        if self._first is not None:
+            self._first.cancel()
+            await asyncio.wait({self._first})  # the desk stores the answer as stopped
+            if not self._first.cancelled():
+                self._first.exception()  # retrieved: a refusal nobody will read is not an error
+        await self._events.aclose()
+
+
 async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
-    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation."""
-    async for event in events:
+    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation.
+
+    The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
+    event is taken only then, and the engine's output gathers meanwhile, so each update carries all
+    the text so far. While the answer streams only the chatbot changes (and the conversation id,
+    once): the other outputs are skipped, which spares Gradio a round of postprocessing per update.
+    """
+    loop = asyncio.get_running_loop()
+    next_update_at = 0.0
+    while True:
+        if (wait_s := next_update_at - loop.time()) > 0:
+            await asyncio.sleep(wait_s)
+        try:
+            event = await anext(events)
+        except StopAsyncIteration:
+            return
         if isinstance(event, Progress):
-            yield _out(base + [{"role": "assistant", "content": event.text}], event.conversation_id, session_key,
-                       gr.skip())
+            next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
+            known, conversation_id = conversation_id, event.conversation_id
+            yield (base + [{"role": "assistant", "content": event.text}], gr.skip(),
+                   gr.skip() if known == conversation_id else conversation_id, gr.skip(), gr.skip(), gr.skip())
         elif isinstance(event, Finished):
             rows = await desk.conversation(session_key=session_key,
                                            conversation_id=event.message.conversation_id) or []

@@ -19,16 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import gradio as gr
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from app import template_files
 from app.catalog import TemplateCatalog
-from app.chat import CSS as CHAT_CSS
-from app.chat import JS as CHAT_JS
-from app.chat import build_chat
-from app.chat_text import model_label
 from app.clients import ProxyTrust
 from app.db import Database, open_database
 from app.db import templates as db_templates
@@ -80,19 +75,28 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     engine = engine or build_engine(settings, model)
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
-                tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards)
+                tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
+                ignore_eos=settings.ignore_eos)
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
 def create_app(services: Services) -> FastAPI:
+    # Gradio (and the console, which needs it) is imported here, not at module level, so that
+    # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
+    import gradio as gr
+
     from admin.access import ConsoleAccess
     from admin.console import build_console  # app/ imports admin/ only here, to mount the console
     from admin.login import ConsoleGate, build_login_router
     from admin.operators import sync_settings_operator
     from admin.ui import CSS as CONSOLE_CSS
     from admin.ui import build_admin
+    from app.chat import CSS as CHAT_CSS
+    from app.chat import JS as CHAT_JS
+    from app.chat import build_chat
+    from app.chat_text import model_label
 
     settings = services.settings
     _preload_matplotlib()
@@ -103,20 +107,7 @@ def create_app(services: Services) -> FastAPI:
     console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access)
     _lifespan(app, services)
-
-    @app.get("/healthz")
-    async def healthz():
-        health = await services.engine.health()
-        ready = services.ready is not None and services.ready.is_set()
-        info = services.engine.info
-        reason = health.reason or ("" if ready else "warming the templates")
-        body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
-                "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
-                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
-                "restarting": services.engine.restarting}
-        if replicas := services.engine.replicas():
-            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]
-        return JSONResponse(body, status_code=200 if body["ok"] else 503)
+    _add_healthz(app, services)
 
     async def console_open() -> bool:
         from app.db import operators as db_operators
@@ -141,6 +132,23 @@ def create_app(services: Services) -> FastAPI:
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
     app.add_middleware(ConsoleGate, access=access)
+    app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
+                       max_upload_bytes=settings.max_upload_mib << 20)
+    return app
+
+
+def create_api_app(services: Services) -> FastAPI:
+    """Only ``/healthz`` and the OpenAI-compatible ``/v1``, with the same start-up (warmup, background
+    loops) and request guard as ``create_app``, and no chat or console: ``python -m app --api-only``.
+
+    It imports no Gradio, so it serves where Gradio is not installed (the benchmarks' GPU machine,
+    whose carried files cannot hold it); the /v1 handlers are the same objects as in the full app.
+    """
+    settings = services.settings
+    app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
+    _lifespan(app, services)
+    _add_healthz(app, services)
+    app.include_router(build_openai_router(services.desk, services.trust))
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
     return app
@@ -207,6 +215,22 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
     options = dict(host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
                    proxy_headers=False, server_header=False, lifespan="on")
     return uvicorn.Config(app, **(options | overrides))
+
+
+def _add_healthz(app: FastAPI, services: Services) -> None:
+    @app.get("/healthz")
+    async def healthz():
+        health = await services.engine.health()
+        ready = services.ready is not None and services.ready.is_set()
+        info = services.engine.info
+        reason = health.reason or ("" if ready else "warming the templates")
+        body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
+                "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
+                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
+                "restarting": services.engine.restarting}
+        if replicas := services.engine.replicas():
+            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
 
 def _lifespan(app: FastAPI, services: Services) -> None:

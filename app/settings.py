@@ -97,6 +97,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("temperature", 0.7, "Sampling temperature of answers.", float),
     Setting("top_p", 0.9, "Nucleus sampling threshold of answers.", float),
     Setting("seed", 0, "Seed of the engine's sampler.", int),
+    Setting("ignore_eos", False, "Answers always run to PREFIXDESK_MAX_TOKENS, past the model's end token: for load "
+            "tests and soak runs, where every answer must cost the same. Off for customers.", _parse_bool),
     Setting("max_concurrent_requests", 0, "Answers generated at once; more are told the desk is busy. "
             "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the remote engine.", int),
     Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
@@ -192,6 +194,7 @@ class Settings:
     temperature: float
     top_p: float
     seed: int
+    ignore_eos: bool
     max_concurrent_requests: int
     drop_oldest_turns: bool
     rate_limit_per_minute: int

@@ -26,10 +26,12 @@ class RequestGuard:
         path = scope.get("path", "")
         if path.startswith(CHAT_UPLOAD):
             return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
-        limit = self.max_upload_bytes + MULTIPART_OVERHEAD if path.startswith(CONSOLE_UPLOAD) else self.max_request_bytes
+        upload = path.startswith(CONSOLE_UPLOAD)
+        limit = self.max_upload_bytes + MULTIPART_OVERHEAD if upload else self.max_request_bytes
+        message = _too_large(limit, "PREFIXDESK_MAX_UPLOAD_MIB" if upload else "PREFIXDESK_MAX_REQUEST_KIB")
         declared = _content_length(scope)
         if declared is not None and declared > limit:
-            return await _reject(send, 413, _too_large(limit))
+            return await _reject(send, 413, message)
         received, cut, started = 0, False, False
 
         async def limited_receive():
@@ -40,7 +42,7 @@ class RequestGuard:
                 if received > limit:
                     cut = True
                     if not started:
-                        await _reject(send, 413, _too_large(limit))
+                        await _reject(send, 413, message)
                     return {"type": "http.disconnect"}
             return message
 
@@ -65,8 +67,8 @@ def _content_length(scope) -> int | None:
     return None
 
 
-def _too_large(limit: int) -> str:
-    return f"The request body is larger than {limit // 1024:,} KiB; send less (PREFIXDESK_MAX_REQUEST_KIB)."
+def _too_large(limit: int, setting: str) -> str:
+    return f"The request body is larger than {limit // 1024:,} KiB; send less (the limit is {setting})."
 
 
 async def _reject(send, status: int, message: str) -> None:

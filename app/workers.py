@@ -22,8 +22,9 @@ from app.settings import Settings
 START_INTERVAL_S = 0.5  # workers start one after another: the first one migrates the database
 
 
-def supervise(settings: Settings) -> int:
-    """Run ``settings.web_processes`` workers until a signal or a worker's death; returns the exit code."""
+def supervise(settings: Settings, *, worker_args: list[str] | None = None) -> int:
+    """Run ``settings.web_processes`` workers (``python -m app --worker`` plus ``worker_args``) until a
+    signal or a worker's death; returns the exit code."""
     workers: list[subprocess.Popen] = []
     stopping = False
 
@@ -37,7 +38,7 @@ def supervise(settings: Settings) -> int:
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     for _ in range(settings.web_processes):
-        workers.append(subprocess.Popen([sys.executable, "-m", "app", "--worker"]))
+        workers.append(subprocess.Popen([sys.executable, "-m", "app", "--worker", *(worker_args or [])]))
         time.sleep(START_INTERVAL_S)
     print(f"prefixdesk: {len(workers)} web processes on http://{settings.host}:{settings.port}", flush=True)
     while not stopping and all(w.poll() is None for w in workers):

@@ -78,8 +78,8 @@ os.kill(pid, signal.SIGTERM)
 
 
 def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_path):
-    # Greedy sampling on the demo model never picks its end token: the answers run to max_tokens.
-    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, temperature=0))
+    # Every answer runs to its 6,000 tokens (about 25 s here): the signal always finds all three running.
+    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, ignore_eos="true"))
     try:
         server.wait_ready()
         db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
@@ -135,3 +135,50 @@ def test_kv_cache_too_small_for_one_request_names_the_setting(tmp_path):
         "of PREFIXDESK_MAX_MODEL_LEN=2048 tokens needs 65; raise PREFIXDESK_KV_CACHE_MIB to at least 2 or lower "
         "PREFIXDESK_MAX_MODEL_LEN"
     )
+
+
+def test_an_engine_that_stops_making_progress_is_reported_down_and_restarted(tmp_path):
+    """A core that hangs without dying (its input thread killed by a malformed request, say) says nothing;
+    the watchdog notices that requests stopped progressing, reports it, and restarts the engine."""
+    import threading
+
+    import httpx
+
+    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096, engine_stall_timeout_s=3))
+    core = None
+    try:
+        server.wait_ready()
+        lines: list[str] = []
+        body = {"model": "support-en", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500,
+                "ignore_eos": True, "stream": True}
+
+        def stream():
+            with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:
+                lines.extend(line for line in r.iter_lines() if line.startswith("data: "))
+
+        reader = threading.Thread(target=stream)
+        reader.start()
+        deadline = time.monotonic() + 60
+        while len(lines) < 3 and reader.is_alive():
+            assert time.monotonic() < deadline, "no answer text within 60 s"
+            time.sleep(0.01)
+        core = engine_core(server)
+        core.suspend()  # SIGSTOP: alive, silent
+        while (h := health(server.url))["ok"]:
+            assert time.monotonic() < deadline, f"the stall was not reported: {h}"
+            time.sleep(0.2)
+        assert h["reason"] in {f"no request has progressed for {s} s" for s in (3, 4)} | {"the model is restarting"}
+        reader.join(60)
+        error = json.loads(lines[-1].removeprefix("data: "))["error"]
+        assert (error["code"], error["message"]) == (
+            "engine_error", "the model stopped unexpectedly and is restarting; please retry in a moment")
+        deadline = time.monotonic() + 120
+        while (h := health(server.url))["restarts"] != 1 or not h["ok"]:
+            assert time.monotonic() < deadline, f"engine did not restart: {h}"
+            time.sleep(0.5)
+        again = Client(server.url, verbose=False).predict("还在吗？", [], "电商客服", None, None, api_name="/chat")
+        assert again["status"] == "ok"
+    finally:
+        if core is not None and core.is_running():
+            core.kill()
+        assert server.stop() == 0

@@ -1,167 +1,221 @@
-"""The serving paths a benchmark can drive, from the bare engine up to the web UI.
+"""The serving paths a benchmark can drive, from the bare engine up to the web UI and the cluster.
 
-* ``raw``: ``LocalEngine.generate_raw`` — vLLM's AsyncLLM.generate with prompts tokenized before
-  the run, nothing of the app around it (the baseline);
-* ``app``: the app's serving code — ``PromptBuilder.build`` per request, then ``LocalEngine.stream``;
-* ``http``: the OpenAI-compatible endpoint (``app.openai_api``) over HTTP, driven by the openai SDK;
-* ``vllm-http``: vLLM's own OpenAI server on the same model, the same SDK, the system prompt sent
-  as a system message;
-* ``gradio``: the chat's ``/chat`` API through ``gradio_client`` (CPU runs only).
+In the benchmark's process (the load generator shares the engine's event loop):
 
-The first two run inside the server's process; the others are built in client processes by
-``make_client_target``. Each ``send`` returns a ``Sample``.
+* ``raw``: ``LocalEngine.generate_raw`` — vLLM's AsyncLLM.generate on token ids built before the
+  run with the model's chat template, nothing of the app around it (the baseline);
+* ``app``: what the app's /v1 handler does, without HTTP — the real ``Desk`` finds the template,
+  builds the prompt, and streams from the engine with the template family's routing key.
+
+Over HTTP, from client processes (``make_client_target`` builds them there):
+
+* ``http``: the real app (``create_app(build_services(settings, engine=...))``) served by uvicorn in
+  the benchmark's process, its ``/v1/chat/completions``;
+* ``remote``: the same ``/v1`` served by ``python -m app`` (``PREFIXDESK_ENGINE=remote``,
+  ``PREFIXDESK_WEB_PROCESSES=N``) in front of vllm serve replicas;
+* ``router``: vllm-router's ``/v1/completions`` with token-id prompts and the family's
+  ``x-session-id``, exactly what the app's remote engine sends;
+* ``replica``: one ``vllm serve`` replica's ``/v1/completions``, the same body, no router;
+* ``gradio``: the chat's ``/chat`` API through gradio_client (CPU only).
+
+Every target's ``send(req, max_tokens, timer)`` marks the timer when the request leaves and at each
+streamed token, and returns an ``Outcome``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from urllib.parse import quote
 
-from app.bench.loadgen import Sample, Timer
-from app.bench.workload import BenchRequest, BenchTemplate
-from app.engine import Delta, RequestStats
-from app.engine.local import LocalEngine
-from app.prompts import PromptBuilder
+from app.bench.loadgen import Outcome, Timer
+from app.bench.workload import BenchRequest
 
 IN_PROCESS_PATHS = ("raw", "app")
-CLIENT_PATHS = ("http", "vllm-http", "gradio")
+CLIENT_PATHS = ("http", "remote", "router", "replica", "gradio")
 PATHS = IN_PROCESS_PATHS + CLIENT_PATHS
+ROUTING_HEADER = "x-session-id"  # what app.engine.remote sends (vllm-router's consistent_hash key)
+REPLICA_HEADER = "x-prefixdesk-replica"  # added by app.cluster.replica_header on each replica
+CLIENT = "127.0.0.1"  # the app path's client address for the desk's limits (off in benchmarks)
 
 
 class RawTarget:
     """AsyncLLM.generate on token ids computed before the run."""
 
-    name = "raw"
-
-    def __init__(self, engine: LocalEngine, token_ids: dict[int, list[int]], ignore_eos: bool = True):
+    def __init__(self, engine, token_ids: dict[int, list[int]], ignore_eos: bool = True):
         self.engine, self.token_ids, self.ignore_eos = engine, token_ids, ignore_eos
 
-    async def send(self, req: BenchRequest, max_tokens: int, t0_wall: float) -> Sample:
-        timer = Timer(req.index, req.template, t0_wall)
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
         n = 0
+        timer.sent()
         async for new in self.engine.generate_raw(self.token_ids[req.index], max_tokens=max_tokens,
                                                   cache_salt=req.cache_salt, ignore_eos=self.ignore_eos):
             if new:
                 timer.token()
                 n += new
-        return timer.sample(n, prompt_tokens=len(self.token_ids[req.index]))
+        return Outcome(n, prompt_tokens=len(self.token_ids[req.index]))
+
+    async def close(self) -> None:
+        pass
 
 
 class AppTarget:
-    """The app's serving code: prompt assembly from the template chain, then the engine module."""
+    """The /v1 handler's work without HTTP: the real Desk's template, prompt and engine stream."""
 
-    name = "app"
+    def __init__(self, desk, ignore_eos: bool = True):
+        self.desk, self.ignore_eos = desk, ignore_eos
 
-    def __init__(self, engine: LocalEngine, prompts: PromptBuilder, templates: Sequence[BenchTemplate],
-                 ignore_eos: bool = True):
-        self.engine, self.prompts, self.ignore_eos = engine, prompts, ignore_eos
-        self.systems = {t.name: t.system for t in templates}
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
+        from app.engine import Delta, RequestStats
+        from app.routing import routing_key
 
-    async def send(self, req: BenchRequest, max_tokens: int, t0_wall: float) -> Sample:
-        timer = Timer(req.index, req.template, t0_wall)
-        prompt = self.prompts.build(self.systems[req.template], [], req.question)
+        timer.sent()
+        template = self.desk.customer_template(req.template)
+        self.desk.limiter.check_rate(CLIENT)
         stats: RequestStats | None = None
-        stream = self.engine.stream(prompt.token_ids, max_tokens=min(max_tokens, prompt.max_tokens),
-                                    cache_salt=req.cache_salt, ignore_eos=self.ignore_eos)
-        async with contextlib.aclosing(stream):
-            async for event in stream:
-                if isinstance(event, Delta):
-                    timer.token()
-                else:
-                    stats = event
-        assert stats is not None  # stream() always ends with its stats
-        return timer.sample(stats.output_tokens, prompt_tokens=stats.prompt_tokens,
-                            cached_tokens=stats.num_cached_tokens)
-
-
-@dataclass
-class BenchDesk:
-    """The desk the OpenAI endpoint needs, with the workload's templates instead of the database."""
-
-    prompts: PromptBuilder
-    engine: LocalEngine
-    published: tuple[BenchTemplate, ...]
-
-    def templates(self) -> Sequence[BenchTemplate]:
-        return self.published
-
-    def tenant_salt(self, tenant: str) -> str | None:
-        return None  # one tenant: the benchmark's
-
-
-class OpenAITarget:
-    """A streaming chat completion through the openai SDK; cached tokens come from ``usage``."""
-
-    def __init__(self, name: str, base_url: str, *, served_model: str | None = None,
-                 systems: dict[str, str] | None = None, ignore_eos: bool = True):
-        import openai
-
-        try:  # the openai SDK's own HTTP library since openai 3.x
-            import httpx2 as httpx
-        except ImportError:
-            import httpx
-
-        self.name = name
-        # The SDK's default pool stops at 1,000 connections; a saturated GPU holds more streams open.
-        limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-        self.client = openai.AsyncOpenAI(base_url=base_url, api_key="unused", max_retries=0,
-                                         http_client=httpx.AsyncClient(limits=limits, timeout=600))
-        self.served_model, self.systems, self.ignore_eos = served_model, systems or {}, ignore_eos
-
-    async def send(self, req: BenchRequest, max_tokens: int, t0_wall: float) -> Sample:
-        timer = Timer(req.index, req.template, t0_wall)
-        messages = [{"role": "user", "content": req.question}]
-        if self.served_model:  # vLLM's server knows no templates: send the system prompt itself
-            messages.insert(0, {"role": "system", "content": self.systems[req.template]})
-        extra: dict = {"ignore_eos": self.ignore_eos}
-        if req.cache_salt:
-            extra["cache_salt"] = req.cache_salt
-        stream = await self.client.chat.completions.create(
-            model=self.served_model or req.template, messages=messages, max_tokens=max_tokens, stream=True,
-            stream_options={"include_usage": True}, extra_body=extra)
-        usage = None
-        async for chunk in stream:
-            if chunk.choices and chunk.choices[0].delta.content:
-                timer.token()
-            if chunk.usage:
-                usage = chunk.usage
-        if usage is None:
-            return timer.sample(0, error="no usage chunk in the stream")
-        details = usage.prompt_tokens_details
-        return timer.sample(usage.completion_tokens, prompt_tokens=usage.prompt_tokens,
-                            cached_tokens=details.cached_tokens if details else None)
+        with self.desk.limiter.stream(CLIENT):
+            prompt = await self.desk.build_prompt(template, [], req.question)
+            stream = self.desk.engine.stream(
+                prompt.token_ids, max_tokens=min(max_tokens, prompt.max_tokens), cache_salt=req.cache_salt,
+                ignore_eos=self.ignore_eos,
+                routing_key=routing_key(template.family, shards=self.desk.family_shards, shard_seed=uuid.uuid4().hex))
+            async with contextlib.aclosing(stream):
+                async for event in stream:
+                    if isinstance(event, Delta):
+                        timer.token()
+                    elif isinstance(event, RequestStats):
+                        stats = event
+        assert stats is not None  # Engine.stream always ends with its stats
+        return Outcome(stats.output_tokens, stats.prompt_tokens, stats.num_cached_tokens, stats.replica)
 
     async def close(self) -> None:
-        await self.client.close()
+        pass
+
+
+class _StreamingHTTP:
+    """An aiohttp session without a connection cap: a saturated GPU holds thousands of streams open."""
+
+    def __init__(self, base_url: str):
+        self.base_url = base_url.rstrip("/")
+        self.session = None
+
+    async def open(self) -> None:
+        import aiohttp
+
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=600)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None,
+                                                                                               sock_read=600))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def _events(self, url: str, body: dict, headers: dict, timer: Timer):
+        """POST ``body`` and yield (response headers, each SSE JSON event); raises on an HTTP error."""
+        payload = json.dumps(body, ensure_ascii=False).encode()
+        timer.sent()
+        async with self.session.post(url, data=payload, headers={"content-type": "application/json", **headers}) as r:
+            if r.status != 200:
+                raise RuntimeError(f"HTTP {r.status}: {(await r.text())[:200]}")
+            async for raw in r.content:
+                line = raw.strip()
+                if not line.startswith(b"data: "):
+                    continue
+                if line == b"data: [DONE]":
+                    return
+                event = json.loads(line[6:])
+                if "error" in event:
+                    raise RuntimeError(f"error in the stream: {str(event['error'])[:200]}")
+                yield r.headers, event
+
+
+class ChatTarget(_StreamingHTTP):
+    """The app's ``/v1/chat/completions``, streamed; the template is the model, as any OpenAI client sends."""
+
+    def __init__(self, base_url: str, ignore_eos: bool = True):
+        super().__init__(base_url)
+        self.ignore_eos = ignore_eos
+
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
+        body = {"model": req.template, "messages": [{"role": "user", "content": req.question}],
+                "max_tokens": max_tokens, "stream": True, "stream_options": {"include_usage": True},
+                "ignore_eos": self.ignore_eos}
+        if req.cache_salt:
+            body["cache_salt"] = req.cache_salt
+        usage = None
+        async for _, event in self._events(f"{self.base_url}/v1/chat/completions", body, {}, timer):
+            choices = event.get("choices") or ()
+            if any((c.get("delta") or {}).get("content") for c in choices):
+                timer.token()
+            usage = event.get("usage") or usage
+        return _outcome(usage)
+
+
+class CompletionsTarget(_StreamingHTTP):
+    """``/v1/completions`` of vllm-router or one replica with the app's token ids and routing header."""
+
+    def __init__(self, base_url: str, *, served_model: str, prefixes: dict[str, list[int]],
+                 families: dict[str, str], suffix_ids: dict[int, list[int]], temperature: float, top_p: float,
+                 ignore_eos: bool = True, routing: bool = True):
+        super().__init__(base_url)
+        self.served_model, self.prefixes, self.families = served_model, prefixes, families
+        self.suffix_ids, self.temperature, self.top_p = suffix_ids, temperature, top_p
+        self.ignore_eos, self.routing = ignore_eos, routing
+
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
+        body = {"model": self.served_model, "prompt": self.prefixes[req.template] + self.suffix_ids[req.index],
+                "max_tokens": max_tokens, "temperature": self.temperature, "top_p": self.top_p,
+                "ignore_eos": self.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
+        if req.cache_salt:
+            body["cache_salt"] = req.cache_salt
+        # As app.engine.remote: header values are ASCII, families are often Chinese.
+        headers = {ROUTING_HEADER: quote(self.families[req.template], safe=":")} if self.routing else {}
+        usage, replica = None, ""
+        async for response_headers, event in self._events(f"{self.base_url}/v1/completions", body, headers, timer):
+            replica = replica or response_headers.get(REPLICA_HEADER, "")
+            if event.get("choices"):
+                timer.token()
+            usage = event.get("usage") or usage
+        outcome = _outcome(usage)
+        outcome.replica = replica
+        return outcome
 
 
 class GradioTarget:
     """The chat's ``/chat`` API (message, history, template, conversation id) via gradio_client."""
 
-    name = "gradio"
-
     def __init__(self, base_url: str, threads: int = 64):
+        self.base_url, self.threads = base_url, threads
+        self.client = self.pool = None
+        self.parameters: list[str] = []
+
+    async def open(self) -> None:
         from concurrent.futures import ThreadPoolExecutor
 
         from gradio_client import Client
 
-        self.client = Client(base_url, verbose=False)
-        self.pool = ThreadPoolExecutor(max_workers=threads)
+        self.client = await asyncio.to_thread(Client, self.base_url, verbose=False)
+        self.pool = ThreadPoolExecutor(max_workers=self.threads)
+        api = await asyncio.to_thread(self.client.view_api, print_info=False, return_format="dict")
+        # (message, history, template, conversation_id, ...): whatever else it takes is sent as None.
+        self.parameters = [p["parameter_name"] for p in api["named_endpoints"]["/chat"]["parameters"]]
 
-    async def send(self, req: BenchRequest, max_tokens: int, t0_wall: float) -> Sample:
-        timer = Timer(req.index, req.template, t0_wall)
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
         loop = asyncio.get_running_loop()
         final = await loop.run_in_executor(self.pool, self._chat, req, timer)
         if final.get("status") != "ok":
-            return timer.sample(0, error=f"{final.get('status')}: {final.get('error')}")
-        return timer.sample(final["output_tokens"], prompt_tokens=final["prompt_tokens"],
-                            cached_tokens=final["num_cached_tokens"])
+            raise RuntimeError(f"{final.get('status')}: {final.get('error')}")
+        return Outcome(final["output_tokens"], final["prompt_tokens"], final["num_cached_tokens"])
 
     def _chat(self, req: BenchRequest, timer: Timer) -> dict:
         final: dict = {}
-        for out in self.client.submit(req.question, [], req.template, None, api_name="/chat"):
+        timer.sent()
+        given = {"message": req.question, "history": [], "template": req.template}
+        args = [given.get(name) for name in self.parameters]
+        for out in self.client.submit(*args, api_name="/chat"):
             if out.get("done"):
                 final = out
             elif out.get("text"):
@@ -169,17 +223,32 @@ class GradioTarget:
         return final
 
     async def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
-        self.client.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.client is not None:
+            self.client.close()
 
 
-def make_client_target(kind: str, base_url: str, served_model: str | None = None,
-                       systems: dict[str, str] | None = None):
-    """Build a client-side target in a client process (``kind`` is http, vllm-http or gradio)."""
-    if kind == "http":
-        return OpenAITarget("http", base_url)
-    if kind == "vllm-http":
-        return OpenAITarget("vllm-http", base_url, served_model=served_model, systems=systems)
+def make_client_target(kind: str, base_url: str, suffix_ids: dict[int, list[int]] | None = None, **options):
+    """Build a client-side target in a client process (``kind``: http, remote, router, replica, gradio)."""
+    if kind in ("http", "remote"):
+        return ChatTarget(base_url)
+    if kind in ("router", "replica"):
+        return CompletionsTarget(base_url, suffix_ids=suffix_ids or {}, routing=kind == "router", **options)
     if kind == "gradio":
         return GradioTarget(base_url)
     raise ValueError(f"no client target {kind!r}; choose one of {', '.join(CLIENT_PATHS)}")
+
+
+def completion_options(*, served_model: str, templates: Sequence, prefixes: dict[str, list[int]],
+                       temperature: float, top_p: float) -> dict:
+    """The part of a router/replica target description that every client process shares."""
+    return {"served_model": served_model, "prefixes": prefixes, "temperature": temperature, "top_p": top_p,
+            "families": {t.name: t.routing_family for t in templates}}
+
+
+def _outcome(usage: dict | None) -> Outcome:
+    if not usage:
+        raise RuntimeError("no usage in the stream")
+    details = usage.get("prompt_tokens_details") or {}
+    return Outcome(int(usage.get("completion_tokens") or 0), usage.get("prompt_tokens"), details.get("cached_tokens"))

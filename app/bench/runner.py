@@ -1,49 +1,246 @@
-"""One benchmark run on a running engine: warm what the mode warms, drive a path, read the engine's stats.
+"""One benchmark run: empty the prefix cache, warm what the mode warms, drive a path on a schedule while
+watching the engine (in-process) or the replicas (remote), and summarize.
 
-``Bench`` holds the engine, the prompt builder and the HTTP servers of one benchmark process, and
-``run`` measures one (mode, path, schedule). Everything runs on the engine's event loop; client
-paths send from spawned processes.
+A ``RunTarget`` is a path made concrete: an in-process target (raw, app) whose load generator runs
+on this event loop, or a description from which each client process builds its own HTTP client.
+The same target warms the templates first, so a warm prefix sits where the measured requests go
+(the family's replica, behind the router).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import subprocess
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.bench import loadgen
-from app.bench.loadgen import LoopLag, Sample
-from app.bench.paths import AppTarget, BenchDesk, RawTarget
-from app.bench.report import EngineWindow, RunSummary, percentile, summarize
-from app.bench.workload import BenchTemplate, Workload
-from app.engine.local import LocalEngine
-from app.prompts import PromptBuilder
+from app.bench.loadgen import ClientResult, LoopLag, Timer
+from app.bench.paths import make_client_target
+from app.bench.report import NO_ENGINE, EngineWindow, RunInfo, RunSummary, percentile, summarize
+from app.bench.workload import BenchRequest, BenchTemplate, Workload
 
 WARM_QUESTION = "你好"
 PROBE_PERIOD_S = 0.05
+IN_PROCESS_START_S = 0.3
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """Open loop at ``rate_per_s`` (Poisson ``arrivals_s``) or closed loop of ``concurrency`` users."""
+    """Poisson arrivals (``arrivals_s``, counted after ``warmup_s``) or a closed loop of ``concurrency`` users."""
 
     arrivals_s: tuple[float, ...] | None = None
     concurrency: int | None = None
     rate_per_s: float | None = None
+    warmup_s: float = 0.0
+    window_s: float = 0.0
 
     @property
     def label(self) -> str:
         return f"poisson {self.rate_per_s:g}/s" if self.arrivals_s is not None else f"closed {self.concurrency} users"
 
+    @property
+    def n_warmup(self) -> int:
+        return sum(1 for t in self.arrivals_s if t < self.warmup_s) if self.arrivals_s is not None else 0
+
+
+@dataclass
+class RunTarget:
+    """A path to drive: ``local`` runs on this loop; ``client`` is built in each client process."""
+
+    path: str
+    local: object | None = None  # RawTarget / AppTarget
+    client: dict | None = None  # make_client_target keyword arguments
+    suffixes: object | None = None  # callable(requests) -> {index: token-id suffix}, for router/replica
+    raw_ids: object | None = None  # callable(requests) -> {index: token ids}, for raw
+
+
+class Backend:
+    """What is measured behind the targets: resets its cache and watches it during a run."""
+
+    async def reset(self) -> bool:
+        return True
+
+    def watch(self):
+        return _NoWatch()
+
+
+class _NoWatch:
+    def start(self) -> None:
+        pass
+
+    async def stop(self, t0_wall: float, start_wall: float, end_wall: float):
+        return NO_ENGINE, []
+
+
+class LocalBackend(Backend):
+    """The in-process engine: reset through AsyncLLM, watched through its stat logger."""
+
+    def __init__(self, engine, kv_block_bytes: int):
+        self.engine, self.kv_block_bytes = engine, kv_block_bytes
+
+    async def reset(self) -> bool:
+        return await self.engine.reset_prefix_cache()
+
+    def watch(self):
+        return EngineProbe(self.engine, self.kv_block_bytes)
+
+
+class RemoteBackend(Backend):
+    """vllm serve replicas: reset with POST /reset_prefix_cache, watched through their /metrics."""
+
+    def __init__(self, urls: Sequence[str], names: Sequence[str] = (), cascade_dir=None, check_alive=None):
+        self.urls, self.names, self.cascade_dir, self.check_alive = list(urls), list(names), cascade_dir, check_alive
+
+    async def reset(self) -> bool:
+        from app.bench.cluster import reset_prefix_caches
+
+        return await reset_prefix_caches(self.urls)
+
+    def watch(self):
+        from app.bench.cluster import ReplicaProbe
+
+        return _ReplicaWatch(ReplicaProbe(self.urls, names=self.names, cascade_dir=self.cascade_dir))
+
+
+class _ReplicaWatch:
+    def __init__(self, probe) -> None:
+        self.probe = probe
+
+    def start(self) -> None:
+        self.probe.start()
+
+    async def stop(self, t0_wall: float, start_wall: float, end_wall: float):
+        await self.probe.stop()
+        return NO_ENGINE, self.probe.window(start_wall, end_wall)
+
+
+class Bench:
+    """Runs paths against one backend (an in-process engine, or replicas)."""
+
+    def __init__(self, backend: Backend, *, max_tokens: int, client_procs: int, drain_timeout_s: float,
+                 burst_timeout_s: float, keep_warm_interval_s: float = 1.0, reset_cache: bool = True,
+                 alive=None):
+        self.backend, self.max_tokens, self.client_procs = backend, max_tokens, client_procs
+        self.drain_timeout_s, self.burst_timeout_s = drain_timeout_s, burst_timeout_s
+        self.keep_warm_interval_s, self.reset_cache = keep_warm_interval_s, reset_cache
+        self.alive = alive or (lambda: None)  # raises when a server process has died
+
+    async def warm(self, target: RunTarget, templates: Sequence[BenchTemplate]) -> None:
+        """One 1-token answer per template through ``target`` itself, so its prefix is computed where the
+        measured requests will go (the family's replica, behind the router)."""
+        if not templates:
+            return
+        reqs = [BenchRequest(-1 - i, t.name, WARM_QUESTION, None) for i, t in enumerate(templates)]
+        async with _warm_target(target, reqs) as send:
+            for r in reqs:
+                await send(r)
+
+    async def run(self, target: RunTarget, workload: Workload, schedule: Schedule, *, policy: str = "",
+                  repeat: int = 1, max_tokens: int | None = None) -> RunSummary:
+        """Measure ``target`` on ``workload``: reset the cache, warm, run the schedule, summarize."""
+        self.alive()
+        if self.reset_cache and not await self.backend.reset():
+            print("app.bench: WARNING: the prefix cache could not be reset (replicas without "
+                  "VLLM_SERVER_DEV_MODE=1?); this run starts with what earlier runs left", flush=True)
+        await self.warm(target, [workload.template(n) for n in workload.warm_first])
+        keeper = None
+        if workload.keep_warm:
+            keeper = asyncio.create_task(self._keep_warm(target, [workload.template(n) for n in workload.keep_warm]))
+        watch = self.backend.watch()
+        server_lag = LoopLag()
+        watch.start()
+        server_lag.start()
+        max_tokens = max_tokens or self.max_tokens
+        open_loop = schedule.arrivals_s is not None
+        limit = self.drain_timeout_s if open_loop else self.burst_timeout_s
+        try:
+            if target.local is not None:
+                t0_wall = time.time() + IN_PROCESS_START_S
+                horizon = max(schedule.arrivals_s) if open_loop else 0.0
+                if target.raw_ids is not None:
+                    target.local.token_ids = target.raw_ids(workload.requests)
+                results = [await loadgen.run_schedule(
+                    target.local, workload.requests, max_tokens=max_tokens, t0_wall=t0_wall,
+                    arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency, warmup_s=schedule.warmup_s,
+                    drain_deadline_s=horizon + limit)]
+            else:
+                suffix_ids = target.suffixes(workload.requests) if target.suffixes is not None else None
+                t0_wall, results = await loadgen.run_in_client_processes(
+                    target.client, workload.requests, max_tokens=max_tokens, procs=self.client_procs,
+                    arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency, warmup_s=schedule.warmup_s,
+                    drain_timeout_s=limit, suffix_ids=suffix_ids)
+        finally:
+            if keeper:
+                keeper.cancel()
+                await asyncio.gather(keeper, return_exceptions=True)
+            lags = await server_lag.stop()
+        start_wall, end_wall = _window(results, t0_wall, schedule)
+        engine, replicas = await watch.stop(t0_wall, start_wall, end_wall)
+        if isinstance(self.backend, LocalBackend):  # the engine (and the http path's server) use this loop
+            engine = _with_lag(engine, lags)
+        info = RunInfo(path=target.path, mode=workload.mode, policy=policy, schedule=schedule.label, repeat=repeat,
+                       offered_req_per_s=schedule.rate_per_s, warmup_s=schedule.warmup_s, window_s=schedule.window_s,
+                       n_warmup=schedule.n_warmup, client_procs=1 if target.local is not None else self.client_procs)
+        deadline = (max(schedule.arrivals_s) + limit) if open_loop else limit
+        summary = summarize(results, info, engine=engine, replicas=replicas, drain_deadline_s=deadline)
+        self.alive()
+        return summary
+
+    async def _keep_warm(self, target: RunTarget, templates: Sequence[BenchTemplate]) -> None:
+        """Re-warm ``templates`` every ``keep_warm_interval_s`` so LRU eviction leaves them alone."""
+        while True:
+            await asyncio.sleep(self.keep_warm_interval_s)
+            with contextlib.suppress(Exception):
+                await self.warm(target, templates)
+
+
+@contextlib.asynccontextmanager
+async def _warm_target(target: RunTarget, reqs: Sequence[BenchRequest]):
+    """A ``send(request)`` for warm requests through ``target``, on this loop."""
+    if target.local is not None:
+        local = target.local
+        if target.raw_ids is not None:  # raw: the warm requests' token ids, built like the workload's
+            local = type(local)(local.engine, target.raw_ids(reqs), local.ignore_eos)
+
+        async def send(r: BenchRequest) -> None:
+            await local.send(r, 1, Timer(time.perf_counter()))
+        yield send
+        return
+    suffixes = target.suffixes(reqs) if target.suffixes is not None else None
+    client = make_client_target(**target.client, suffix_ids=suffixes)
+    await client.open()
+    try:
+        async def send(r: BenchRequest) -> None:
+            await client.send(r, 1, Timer(time.perf_counter()))
+        yield send
+    finally:
+        await client.close()
+
+
+def _window(results: Sequence[ClientResult], t0_wall: float, schedule: Schedule) -> tuple[float, float]:
+    """The wall-clock span a run's engine numbers are read over: the counted window (open loop), or
+    first send → last answer (closed)."""
+    if schedule.arrivals_s is not None:
+        return t0_wall + schedule.warmup_s, t0_wall + schedule.warmup_s + schedule.window_s
+    ends = [s.end_s for r in results for s in r.samples if s.end_s is not None]
+    return t0_wall, t0_wall + max(ends, default=0.0)
+
+
+def _with_lag(engine: EngineWindow, lags: list[float]) -> EngineWindow:
+    from dataclasses import replace
+
+    return replace(engine, loop_lag_p99_ms=percentile(lags, 99) if lags else None)
+
 
 @dataclass
 class EngineProbe:
-    """Samples the engine's cache snapshot while a run is in flight."""
+    """Samples the in-process engine's cache snapshot while a run is in flight."""
 
-    engine: LocalEngine
+    engine: object
     kv_block_bytes: int
     blocks_peak: int = 0
     running_peak: int = 0
@@ -51,14 +248,14 @@ class EngineProbe:
     task: asyncio.Task | None = None
     start_queries: int = 0
     start_hits: int = 0
-    memory_mib: list[float] = field(default_factory=list)
+    memory: list[float] = field(default_factory=list)
 
     def start(self) -> None:
         snap = self.engine.snapshot()
         self.start_queries, self.start_hits = snap.queries, snap.hits
         self.task = asyncio.create_task(self._loop())
 
-    async def stop(self, loop_lag_p99_ms: float | None) -> EngineWindow:
+    async def stop(self, t0_wall: float, start_wall: float, end_wall: float):
         if self.task:
             self.task.cancel()
             await asyncio.gather(self.task, return_exceptions=True)
@@ -68,15 +265,15 @@ class EngineProbe:
             queries=snap.queries - self.start_queries, hits=snap.hits - self.start_hits,
             kv_blocks_peak=self.blocks_peak, kv_used_mib_peak=self.blocks_peak * self.kv_block_bytes / 2**20,
             running_peak=self.running_peak, waiting_peak=self.waiting_peak,
-            memory_mib=max(self.memory_mib, default=0.0), loop_lag_p99_ms=loop_lag_p99_ms,
-        )
+            memory_mib=max(self.memory, default=0.0), loop_lag_p99_ms=None,
+        ), []
 
     async def _loop(self) -> None:
         next_memory = 0.0
         while True:
             self._read()
             if time.monotonic() >= next_memory:  # memory reads cost a few ms: once a second
-                self.memory_mib.append(await asyncio.to_thread(memory_mib, self.engine.info.device))
+                self.memory.append(await asyncio.to_thread(memory_mib, self.engine.info.device))
                 next_memory = time.monotonic() + 1.0
             await asyncio.sleep(PROBE_PERIOD_S)
 
@@ -88,16 +285,19 @@ class EngineProbe:
 
 
 def memory_mib(device: str) -> float:
-    """The GPU's used memory (nvidia-smi) on CUDA; this process tree's resident memory on CPU."""
+    """This engine's GPU's used memory (nvidia-smi) on CUDA; this process tree's resident memory on CPU."""
     if device == "cuda":
+        gpu = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+            out = subprocess.run(["nvidia-smi", "-i", gpu, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
                                  capture_output=True, text=True, timeout=5).stdout
             return float(out.split()[0])
         except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
             return 0.0
-    import psutil
-
+    try:
+        import psutil
+    except ImportError:
+        return 0.0
     me = psutil.Process()
     total = me.memory_info().rss
     for child in me.children(recursive=True):
@@ -106,121 +306,24 @@ def memory_mib(device: str) -> float:
     return total / 2**20
 
 
-class Bench:
-    """The benchmark's side of one engine: warming, running paths, and the HTTP servers."""
-
-    def __init__(self, engine: LocalEngine, prompts: PromptBuilder, *, kv_block_bytes: int, ignore_eos: bool = True):
-        self.engine, self.prompts = engine, prompts
-        self.kv_block_bytes, self.ignore_eos = kv_block_bytes, ignore_eos
-        self.desk = BenchDesk(prompts, engine, ())
-        self.http_url: str | None = None
-        self._servers: list[tuple[object, asyncio.Task]] = []
-
-    async def warm(self, templates: Sequence[BenchTemplate]) -> None:
-        """Compute each template's prefix once (one 1-token answer each), so later requests hit it."""
-        for t in templates:
-            prompt = self.prompts.build(t.system, [], WARM_QUESTION)
-            async with contextlib.aclosing(self.engine.stream(prompt.token_ids, max_tokens=1)) as stream:
-                async for _ in stream:
-                    pass
-
-    async def keep_warm(self, templates: Sequence[BenchTemplate], interval_s: float) -> None:
-        """Re-warm ``templates`` every ``interval_s`` so LRU eviction leaves them alone (until cancelled)."""
-        while True:
-            await asyncio.sleep(interval_s)
-            await self.warm(templates)
-
-    def raw_token_ids(self, workload: Workload) -> dict[int, list[int]]:
-        """Each request's prompt as a plain vLLM user would build it: the model's chat template, at once."""
-        tok = self.prompts.tokenizer
-        out = {}
-        for r in workload.requests:
-            messages = [{"role": "system", "content": workload.template(r.template).system},
-                        {"role": "user", "content": r.question}]
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            out[r.index] = list(tok(text, add_special_tokens=False).input_ids)
-        return out
-
-    async def run(self, path: str, workload: Workload, schedule: Schedule, *, max_tokens: int,
-                  client_procs: int = 1, keep_warm_interval_s: float = 1.0, client_target: dict | None = None,
-                  reset_cache: bool = True) -> tuple[RunSummary, list[Sample]]:
-        """Measure ``path`` on ``workload``: reset the cache, warm, run the schedule, summarize."""
-        if reset_cache:
-            await self.engine.reset_prefix_cache()
-        warm = [workload.template(n) for n in workload.warm_first]
-        await self.warm(warm)
-        keeper = None
-        if workload.keep_warm:
-            keeper = asyncio.create_task(self.keep_warm([workload.template(n) for n in workload.keep_warm],
-                                                        keep_warm_interval_s))
-        self.desk.published = workload.templates
-        probe = EngineProbe(self.engine, self.kv_block_bytes)
-        lag = LoopLag()
-        probe.start()
-        lag.start()
-        try:
-            if path in ("raw", "app"):
-                target = (RawTarget(self.engine, self.raw_token_ids(workload), self.ignore_eos) if path == "raw"
-                          else AppTarget(self.engine, self.prompts, workload.templates, self.ignore_eos))
-                t0 = time.time() + 0.2
-                samples = await loadgen.run_schedule(target, workload.requests, max_tokens=max_tokens, t0_wall=t0,
-                                                     arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency)
-            else:
-                if client_target is None:
-                    raise ValueError(f"path {path!r} needs a client target")
-                _, samples = await loadgen.run_in_client_processes(
-                    client_target, workload.requests, max_tokens=max_tokens, procs=client_procs,
-                    arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency)
-        finally:
-            if keeper:
-                keeper.cancel()
-                await asyncio.gather(keeper, return_exceptions=True)
-            lags = await lag.stop()
-        window = await probe.stop(percentile(lags, 99) if lags else None)
-        summary = summarize(samples, path=path, mode=workload.mode, schedule=schedule.label,
-                            offered_req_per_s=schedule.rate_per_s, window=window)
-        return summary, samples
-
-    async def serve_http(self, app, port: int) -> str:
-        """Serve ``app`` with uvicorn on this loop at 127.0.0.1:``port``; returns its base URL."""
-        import uvicorn
-
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on",
-                                timeout_keep_alive=600, backlog=4096)
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # older uvicorn; newer ones ask nothing of signals here
-        task = asyncio.create_task(server.serve())
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if task.done():
-                task.result()
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the benchmark's HTTP server did not start on port {port} in 30 s")
-            await asyncio.sleep(0.05)
-        self._servers.append((server, task))
-        return f"http://127.0.0.1:{port}"
-
-    async def close(self) -> None:
-        for server, task in self._servers:
-            server.should_exit = True
-            await asyncio.gather(task, return_exceptions=True)
-        self._servers.clear()
+def raw_token_ids(tokenizer, requests: Sequence[BenchRequest], systems: dict[str, str]) -> dict[int, list[int]]:
+    """Each request's prompt as a plain vLLM user would build it: the model's chat template, at once."""
+    out = {}
+    for r in requests:
+        messages = [{"role": "system", "content": systems[r.template]}, {"role": "user", "content": r.question}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        out[r.index] = list(tokenizer(text, add_special_tokens=False).input_ids)
+    return out
 
 
-def openai_app(desk: BenchDesk):
-    """A FastAPI app with only the OpenAI-compatible routes (no UI imports: fits the GPU machine)."""
-    from fastapi import FastAPI
-
-    from app.openai_api import build_openai_router
-
-    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
-    app.include_router(build_openai_router(desk))
-    return app
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def token_suffixes(prompts, requests: Sequence[BenchRequest], systems: dict[str, str]) -> dict[int, list[int]]:
+    """Each request's token ids after its template's prefix, as the app builds them (the prefix is sent
+    per template, once per client process). With a chat template that frames each message on its
+    own (ChatML) the suffix does not depend on the template, so it is built from one."""
+    out = {}
+    any_system = next(iter(systems.values()))
+    for r in requests:
+        system = any_system if prompts.framed else systems[r.template]
+        ids = prompts.build(system, [], r.question).token_ids
+        out[r.index] = ids[len(prompts.prefix_ids(system)):]
+    return out

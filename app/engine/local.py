@@ -243,7 +243,7 @@ class LocalEngine:
             raise
         except EngineError:
             raise
-        except (ValueError, TypeError) as exc:
+        except _refusals() as exc:
             if first is None and not self._restart_if_dead():
                 # vLLM checks a request before scheduling it; a refusal is the caller's, not a crash.
                 raise EngineRejected(f"the model refused this request: {exc}") from exc
@@ -386,7 +386,8 @@ class LocalEngine:
     async def _restart(self) -> None:
         old = self._llm
         try:
-            old.shutdown()
+            # Off the loop: a core that stopped answering takes seconds to be killed.
+            await asyncio.to_thread(old.shutdown)
         except Exception:  # it is already dead; what is left of it goes with the process
             log.debug("shutdown of the dead engine failed", exc_info=True)
         if self.residency is not None:
@@ -397,6 +398,15 @@ class LocalEngine:
         self._last_output = time.monotonic()
         self.restarts += 1
         log.info("the vLLM engine restarted (%d restarts so far)", self.restarts)
+
+
+def _refusals() -> tuple[type[Exception], ...]:
+    """What vLLM raises for a request it refuses as sent (ValueError in older releases)."""
+    try:
+        from vllm.exceptions import VLLMClientError
+    except ImportError:
+        return (ValueError, TypeError)
+    return (ValueError, TypeError, VLLMClientError)
 
 
 async def _shielded_abort(llm, request_id: str) -> None:

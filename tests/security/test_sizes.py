@@ -97,7 +97,7 @@ def test_a_one_megabyte_body_is_refused_before_it_is_read(server_url):
         r = httpx.post(server_url + "v1/chat/completions", content=body, headers={"content-type": "application/json"})
         time.sleep(0.3)
     assert (r.status_code, r.json()) == (413, {"detail": "The request body is larger than 1,024 KiB; send less "
-                                                         "(PREFIXDESK_MAX_REQUEST_KIB)."})
+                                                         "(the limit is PREFIXDESK_MAX_REQUEST_KIB)."})
     assert max(probe.ms) < HEALTH_LIMIT_MS
 
 

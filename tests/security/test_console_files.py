@@ -1,0 +1,50 @@
+"""Attack, from inside: an operator's console naming a server path, and uploads past their limit.
+
+Before: the console's template import took any server path in its file value (the same missing
+allowed-path check as the chat), and uploads had no size limit (20 MB were accepted).
+After: an event's file value must be a file uploaded to this app; uploads are limited to
+PREFIXDESK_MAX_UPLOAD_MIB (1 MiB) and the chat takes none at all.
+"""
+
+import json
+
+import httpx
+
+from attack import call_event, config
+from conftest import operator
+
+ACCOUNT = ("op-files", "operator files 77")
+
+
+def session_cookie(url: str) -> dict:
+    r = httpx.post(url + "admin/login", data={"username": ACCOUNT[0], "password": ACCOUNT[1]})
+    return {"prefixdesk_console": r.cookies["prefixdesk_console"]}
+
+
+def test_the_import_refuses_a_file_that_was_not_uploaded(server_url, services):
+    operator(services, *ACCOUNT)
+    cookies = session_cookie(server_url)
+    cfg = httpx.get(server_url + "admin/config", cookies=cookies).json()
+    [index] = [i for i, d in enumerate(cfg["dependencies"]) if d.get("api_name") == "import"]
+    dep = cfg["dependencies"][index]
+    secret = {"path": "/etc/passwd", "orig_name": "passwd.txt", "meta": {"_type": "gradio.FileData"}}
+    messages = call_event(server_url + "admin/", dep.get("id", index), [[secret]], cookies=cookies,
+                          trigger_id=dep["targets"][0][0])
+    text = json.dumps(messages, ensure_ascii=False)
+    assert "root:x:0:0" not in text
+    final = messages[-1]
+    assert (final["msg"], final["success"]) == ("process_completed", False)  # refused before the handler ran
+
+
+def test_uploads_past_the_limit_are_refused_and_the_chat_takes_none(server_url, services):
+    operator(services, *ACCOUNT)
+    cookies = session_cookie(server_url)
+    big = httpx.post(server_url + "admin/gradio_api/upload", cookies=cookies,
+                     files={"files": ("big.txt", b"x" * (2 << 20))})
+    assert (big.status_code, big.json()) == (413, {"detail": "The request body is larger than 1,088 KiB; send less "
+                                                             "(the limit is PREFIXDESK_MAX_UPLOAD_MIB)."})
+    small = httpx.post(server_url + "admin/gradio_api/upload", cookies=cookies,
+                       files={"files": ("t.txt", "name: x\n---\ntext\n".encode())})
+    assert small.status_code == 200 and small.json()[0].endswith("t.txt")
+    assert httpx.post(server_url + "admin/gradio_api/upload", files={"files": ("t.txt", b"x")}).status_code == 401
+    assert config(server_url)["max_file_size"] == 1024  # the chat's own limit, below Gradio's
