@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
                     return
                 log.sent += 1
                 started = time.monotonic()
-                job = client.submit(question, history, template, conversation, "", api_name="/chat")
+                job = client.submit(question, history, template, conversation, None, api_name="/chat")
                 try:
                     final = job.result(timeout=args.timeout_s)
                 except TimeoutError:
@@ -153,7 +153,7 @@ def _pct(values: list[float], q: int) -> float:
 
 
 def _templates(client) -> list[str]:
-    probe = client.predict("?", [], "", None, "", api_name="/chat")  # names the published templates
+    probe = client.predict("?", [], "?", None, None, api_name="/chat")  # names the customer-facing templates
     names = probe["error"].split("Choose one of: ", 1)[1].rstrip(".").split(", ")
     return names
 
@@ -182,7 +182,8 @@ class _Server:
         self.url = f"http://127.0.0.1:{port}/"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
         env.update(PREFIXDESK_DATA_DIR=str(self.data_dir), PREFIXDESK_PORT=str(port), PREFIXDESK_MAX_TOKENS="64",
-                   PREFIXDESK_RATE_LIMIT_PER_MINUTE="0", GRADIO_ANALYTICS_ENABLED="False")
+                   PREFIXDESK_RATE_LIMIT_PER_MINUTE="0", PREFIXDESK_MAX_STREAMS_PER_CLIENT="0",
+                   GRADIO_ANALYTICS_ENABLED="False")
         if cap:
             env["PREFIXDESK_MAX_CONCURRENT_REQUESTS"] = str(cap)
         self.log = open(self.data_dir / "server.log", "wb")
