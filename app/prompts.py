@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import functools
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 

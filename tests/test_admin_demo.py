@@ -20,7 +20,7 @@ def test_cold_vs_warm_computes_the_prompt_once_then_reuses_it(admin, services, b
     headline, cold, warm = admin.predict("support-en", "Where is my parcel?", api_name="/cold_vs_warm")
     prompt = len(services.prompts.build("\n\n".join(services.catalog.get("support-en").chain), [],
                                         "Where is my parcel?").token_ids)
-    assert f"整段提示词全部计算\n**" in cold and f"提示 {prompt} 个 token 中 0 个来自缓存" in cold
+    assert "整段提示词全部计算\n**" in cold and f"提示 {prompt} 个 token 中 0 个来自缓存" in cold
     # The second ask reuses every full block of the first prompt (the whole question, too).
     assert f"提示 {prompt} 个 token 中 {full_blocks(prompt - 1, block_size)} 个来自缓存" in warm
     cold_ms, warm_ms = (int(re.search(r"\*\*(\d+) ms\*\*", x).group(1)) for x in (cold, warm))

@@ -1,7 +1,6 @@
 """Faults an operator fears, each on a real server process: a dying engine, a signal, bad settings."""
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -85,7 +84,7 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_pat
         db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
         # Clients first: a gradio_client streaming a long answer slows its whole process down.
         clients = [Client(server.url, verbose=False) for _ in range(3)]
-        jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
+        _jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
                 for i, c in enumerate(clients)]
         # A separate process sends the signal once all three answers are running: gradio_client's
         # streaming threads can starve this process for seconds.
