@@ -15,11 +15,10 @@ makes the operator wait.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -28,7 +27,6 @@ import gradio as gr
 from app.db import Database
 from app.db import operators as db_operators
 from app.db.models import utcnow
-from app.engine import EngineError
 
 from admin.passwords import verify_password
 
@@ -38,10 +36,6 @@ BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
 HASH_CONCURRENCY = 2  # scrypt checks at once (16 MiB and ~50 ms of a core each)
 MAX_WAITING_CHECKS = 16  # beyond this many logins in line, answer "try again" without hashing
-
-
-class NotAuthorized(PermissionError):
-    """The caller is not a logged-in, active operator."""
 
 
 class LoginRefused(PermissionError):
@@ -172,16 +166,3 @@ _REFUSED = {
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
-
-@contextlib.contextmanager
-def refusals(title: str = "Refused") -> Iterator[None]:
-    """Turn a refused action (a named error whose message says what to do) into a message for the operator."""
-    from app.db.templates import TemplateAdminError
-    from app.template_files import TemplateFileError
-
-    try:
-        yield
-    except (TemplateAdminError, TemplateFileError, LookupError, ValueError) as exc:
-        raise gr.Error(str(exc), title=title, print_exception=False) from None
-    except EngineError as exc:
-        raise gr.Error(str(exc), title="Engine", print_exception=False) from None

@@ -20,6 +20,7 @@ from app.catalog import TemplateCatalog
 from app.db import Database
 from app.db import leases as db_leases
 from app.db import metrics as db_metrics
+from app.db import operators as db_operators
 from app.engine import Engine
 from app.settings import Settings
 
@@ -67,6 +68,7 @@ class CacheSampler(Loop):
         await self.db.write(db_metrics.add_sample, sample=sample_of(view))
         if self.ticks % PRUNE_EVERY == 0:
             await self.db.write(db_metrics.prune_samples, older_than=view.t - timedelta(hours=self.retention_h))
+            await self.db.write(db_operators.prune_sessions, now=view.t)  # console logins that ended
 
 
 class KeepWarm(Loop):

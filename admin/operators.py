@@ -9,12 +9,6 @@ from app.settings import Settings, password_weakness
 
 from admin.passwords import hash_password, verify_password
 
-DISABLED_MESSAGE = (
-    "The admin console is closed: no operator account exists. Set PREFIXDESK_ADMIN_PASSWORD (and "
-    "PREFIXDESK_ADMIN_USER) and restart, or run `python -m admin create-user NAME`, which works without a restart."
-)
-
-
 class WeakPassword(ValueError):
     """The password would be easy to guess; the message says what a good one needs."""
 

@@ -47,10 +47,6 @@ def messages(s: Session, *, conversation_id: int) -> list[MessageRow]:
     return [_row(m) for m in rows]
 
 
-def get_message(s: Session, *, message_id: int) -> MessageRow:
-    return _row(s.get_one(Message, message_id))
-
-
 def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, template_id: int,
                template_version_id: int, text: str, tenant: str = "") -> TurnIds:
     """Store the user's message (and a new conversation if ``conversation_id`` is None) with an empty

@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
-from typing import ParamSpec, TypeVar
+from typing import TypeVar
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine as SqlEngine
@@ -33,7 +33,6 @@ SQLITE_BUSY_TIMEOUT_S = 10
 READ_THREADS = 4
 POSTGRES_WRITE_THREADS = 4
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 

@@ -343,10 +343,6 @@ class LocalEngine:
         if self.residency is not None:
             self.residency.close()
 
-    async def wait_restarted(self) -> None:
-        if self._restart_task is not None:
-            await asyncio.shield(self._restart_task)
-
     # -- restarting --------------------------------------------------------------------------
 
     def _new_llm(self):
