@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_MESSAGE_CHARS = 20_000
 MAX_HISTORY_MESSAGES = 200
 MAX_HISTORY_CHARS = 200_000
-INLINE_TOKENIZE_CHARS = 2_000  # prompts with less text than this are built on the loop (well under 1 ms)
+INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (2,000: 1.4 ms): on the loop
 STOPPED = "stopped before the answer was complete"
 PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
 
