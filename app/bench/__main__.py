@@ -98,6 +98,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--data-dir", type=Path, default=Path("/tmp/prefixdesk-bench"),
                    help="folder for the demo model, shapes, databases, templates and cluster logs")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json, runs.jsonl, bench.png")
+    g.add_argument("--no-chart", dest="chart", action="store_false", help="write no bench.png")
     args = p.parse_args(argv)
     args.rates = [*args.rate, *(float(r) for r in args.sweep.split(",") if r)]
     if not args.rates and args.concurrency is None and not args.low_load_requests:

@@ -282,11 +282,15 @@ async def run_in_client_processes(target: dict, requests: Sequence[BenchRequest]
             results.append(body)
         return t0_wall, results
     finally:
-        for p, _ in workers:
+        for p, inbox in workers:
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+            inbox.close()
+            inbox.join_thread()
+        outbox.close()
+        outbox.join_thread()
 
 
 async def _next(loop, outbox, workers, wait_until: float, what: str):

@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 from app.bench.loadgen import Outcome, Timer
 from app.bench.workload import BenchRequest
+from app.routing import routing_key
 
 IN_PROCESS_PATHS = ("raw", "app")
 CLIENT_PATHS = ("http", "remote", "router", "replica", "gradio")
@@ -70,7 +71,6 @@ class AppTarget:
 
     async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
         from app.engine import Delta, RequestStats
-        from app.routing import routing_key
 
         timer.sent()
         template = self.desk.customer_template(req.template)
@@ -159,9 +159,10 @@ class CompletionsTarget(_StreamingHTTP):
 
     def __init__(self, base_url: str, *, served_model: str, prefixes: dict[str, list[int]],
                  families: dict[str, str], suffix_ids: dict[int, list[int]], temperature: float, top_p: float,
-                 ignore_eos: bool = True, routing: bool = True):
+                 family_shards: int = 1, ignore_eos: bool = True, routing: bool = True):
         super().__init__(base_url)
         self.served_model, self.prefixes, self.families = served_model, prefixes, families
+        self.family_shards = family_shards
         self.suffix_ids, self.temperature, self.top_p = suffix_ids, temperature, top_p
         self.ignore_eos, self.routing = ignore_eos, routing
 
@@ -171,8 +172,10 @@ class CompletionsTarget(_StreamingHTTP):
                 "ignore_eos": self.ignore_eos, "stream": True, "stream_options": {"include_usage": True}}
         if req.cache_salt:
             body["cache_salt"] = req.cache_salt
-        # As app.engine.remote: header values are ASCII, families are often Chinese.
-        headers = {ROUTING_HEADER: quote(self.families[req.template], safe=":")} if self.routing else {}
+        # As the desk and app.engine.remote: the family's key (a shard of it, chosen per request, with
+        # PREFIXDESK_FAMILY_SHARDS > 1), percent-encoded since header values are ASCII.
+        key = routing_key(self.families[req.template], shards=self.family_shards, shard_seed=str(req.index))
+        headers = {ROUTING_HEADER: quote(key, safe=":")} if self.routing else {}
         usage, replica = None, ""
         async for response_headers, event in self._events(f"{self.base_url}/v1/completions", body, headers, timer):
             replica = replica or response_headers.get(REPLICA_HEADER, "")
@@ -241,10 +244,10 @@ def make_client_target(kind: str, base_url: str, suffix_ids: dict[int, list[int]
 
 
 def completion_options(*, served_model: str, templates: Sequence, prefixes: dict[str, list[int]],
-                       temperature: float, top_p: float) -> dict:
+                       temperature: float, top_p: float, family_shards: int = 1) -> dict:
     """The part of a router/replica target description that every client process shares."""
     return {"served_model": served_model, "prefixes": prefixes, "temperature": temperature, "top_p": top_p,
-            "families": {t.name: t.routing_family for t in templates}}
+            "families": {t.name: t.routing_family for t in templates}, "family_shards": family_shards}
 
 
 def _outcome(usage: dict | None) -> Outcome:

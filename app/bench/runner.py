@@ -123,18 +123,21 @@ class Bench:
 
     def __init__(self, backend: Backend, *, max_tokens: int, client_procs: int, drain_timeout_s: float,
                  burst_timeout_s: float, keep_warm_interval_s: float = 1.0, reset_cache: bool = True,
-                 alive=None):
+                 warm_copies: int = 1, alive=None):
         self.backend, self.max_tokens, self.client_procs = backend, max_tokens, client_procs
         self.drain_timeout_s, self.burst_timeout_s = drain_timeout_s, burst_timeout_s
         self.keep_warm_interval_s, self.reset_cache = keep_warm_interval_s, reset_cache
+        self.warm_copies = warm_copies  # warm requests per template: several when a family has several shards
         self.alive = alive or (lambda: None)  # raises when a server process has died
 
     async def warm(self, target: RunTarget, templates: Sequence[BenchTemplate]) -> None:
-        """One 1-token answer per template through ``target`` itself, so its prefix is computed where the
-        measured requests will go (the family's replica, behind the router)."""
+        """1-token answers through ``target`` itself, so each template's prefix is computed where the measured
+        requests will go (the family's replica behind the router; with family shards, ``warm_copies`` per
+        template, whose random shards reach every shard's replica)."""
         if not templates:
             return
-        reqs = [BenchRequest(-1 - i, t.name, WARM_QUESTION, None) for i, t in enumerate(templates)]
+        reqs = [BenchRequest(-1 - i, t.name, WARM_QUESTION, None)
+                for i, t in enumerate(t for t in templates for _ in range(self.warm_copies))]
         async with _warm_target(target, reqs) as send:
             for r in reqs:
                 await send(r)

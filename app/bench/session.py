@@ -71,6 +71,7 @@ class Session:
         self.args = args
         self.started = time.time()
         self.cluster = None
+        self.cluster_ready: asyncio.Task | None = None
         self.app_process = None
         self.engine = None
         self.server = None
@@ -118,6 +119,7 @@ class Session:
         if settings.uses_demo_model:  # every process below must load the same demo folder
             settings = settings.replace(model=str(model_dir))
         self.settings = settings
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
         (settings.data_dir / "bench-pgids.txt").unlink(missing_ok=True)
         local_paths = [p for p in args.paths if p in ("raw", "app", "http", "gradio")]
         remote_paths = [p for p in args.paths if p in ("remote", "router", "replica")]
@@ -135,6 +137,7 @@ class Session:
             print(f"app.bench: starting {args.cluster} replicas and the router ({args.policy}); logs in "
                   f"{self.cluster.plan.router.log_path.parent}", flush=True)
             cluster_ready = asyncio.create_task(asyncio.to_thread(self.cluster.start, self._time_left(600)))
+            self.cluster_ready = cluster_ready
 
         prompts = PromptBuilder(settings.tokenizer or model_dir, max_model_len=settings.max_model_len,
                                 max_tokens=settings.max_tokens, drop_oldest_turns=False,
@@ -209,8 +212,10 @@ class Session:
 
     def _bench(self, backend, alive=None) -> Bench:
         a = self.args
+        shards = self.settings.family_shards
         return Bench(backend, max_tokens=a.output_len, client_procs=a.client_procs, drain_timeout_s=a.drain_timeout_s,
-                     burst_timeout_s=a.burst_timeout_s, keep_warm_interval_s=a.keep_warm_s, alive=alive)
+                     burst_timeout_s=a.burst_timeout_s, keep_warm_interval_s=a.keep_warm_s, alive=alive,
+                     warm_copies=1 if shards == 1 else 4 * shards)
 
     async def _cluster_up(self, task) -> None:
         if task is not None:
@@ -318,7 +323,8 @@ class Session:
         templates = [*self.base, *shop_variants(self.base[0], self.dynamic_n), *self.candidates]
         prefixes = {t.name: list(self.prompts.prefix_ids(t.system)) for t in templates}
         options = completion_options(served_model=info["served_model"], templates=templates, prefixes=prefixes,
-                                     temperature=self.settings.temperature, top_p=self.settings.top_p)
+                                     temperature=self.settings.temperature, top_p=self.settings.top_p,
+                                     family_shards=self.settings.family_shards)
         url = info["router_url"] if path == "router" else info["replica_url"]
         if path == "router" and not url:
             raise SystemExit("app.bench: the router path needs --cluster N or --router-url")
@@ -372,8 +378,9 @@ class Session:
         if target.path == "gradio" and mode != "static":
             return  # the chat has no cache_salt and serves the database's templates: static mode only
         label = f"{target.path} {mode} {schedule.label} {policy} #{repeat}".replace("  ", " ")
-        estimate = (schedule.warmup_s + schedule.window_s + min(a.drain_timeout_s, 10) + 10
-                    if schedule.arrivals_s is not None else 30)
+        # What a run usually takes (its window, the answers still running after it, starting clients): a
+        # run that would end after --deadline is skipped, so the benchmark reports before its time is up.
+        estimate = schedule.warmup_s + schedule.window_s + 8 if schedule.arrivals_s is not None else 30
         if a.deadline and time.time() + estimate > a.deadline:
             print(f"app.bench: skipped {label}: it would end after --deadline", flush=True)
             self.skipped.append(label)
@@ -488,7 +495,7 @@ class Session:
         self.extra.update(max_rate_within_slo=within, ttft_slo_ms=a.ttft_slo_ms, skipped=self.skipped,
                           settings={k: str(v) for k, v in asdict(self.settings).items() if k != "admin_password"})
         report.write_json(a.out / "bench.json", config=config, summaries=runs, extra=self.extra)
-        charted = report.write_chart(a.out / "bench.png", runs, a.ttft_slo_ms)
+        charted = a.chart and report.write_chart(a.out / "bench.png", runs, a.ttft_slo_ms)
         print()
         print(report.lag_table(runs))
         if replicas := report.replica_table(runs):
@@ -517,7 +524,10 @@ class Session:
         if self.services is not None:
             self.services.db.close()
         if self.cluster is not None:
-            await asyncio.to_thread(self.cluster.stop)
+            await asyncio.to_thread(self.cluster.stop)  # a start still under way then fails and stops too
+            if self.cluster_ready is not None:
+                await asyncio.gather(self.cluster_ready, return_exceptions=True)
+                await asyncio.to_thread(self.cluster.stop)
         if self.engine is not None:
             self.engine.shutdown()
         if hasattr(self, "settings"):  # everything listed there has stopped

