@@ -116,9 +116,11 @@ case $stage in
 one-gpu)
   # GPU 0: the replica (4 API servers, fp8 KV, cascade) and the app's web tier; GPU 1 meanwhile: in-process.
   # Separate vLLM cache roots: two engines compiling the same shape at once must not share one cache dir.
-  start A CUDA_VISIBLE_DEVICES=0 -- --cluster 1 --app-engine replica --paths remote --app-entry api \
-    --web-processes $WEB --client-procs $CLIENTS $R_ONE --repeats 2 $WINDOW --base-port 8600
-  start B CUDA_VISIBLE_DEVICES=1 VLLM_CACHE_ROOT=/tmp/vllm-cache-b -- --paths raw,app $R_IN --repeats 2 $WINDOW
+  # PD_PARTS=A or B runs one half alone (on a machine of one GPU: one call each, B on GPU 0).
+  case ${PD_PARTS:-AB} in *A*) start A CUDA_VISIBLE_DEVICES=0 -- --cluster 1 --app-engine replica --paths remote \
+    --app-entry api --web-processes $WEB --client-procs $CLIENTS $R_ONE --repeats 2 $WINDOW --base-port 8600 ;; esac
+  case ${PD_PARTS:-AB} in *B*) start B CUDA_VISIBLE_DEVICES=${PD_B_GPU:-1} VLLM_CACHE_ROOT=/tmp/vllm-cache-b -- \
+    --paths raw,app $R_IN --repeats 2 $WINDOW ;; esac
   ;;
 cluster)
   # One template over two replicas: consistent_hash sends a family to one replica, so the family is split in two
