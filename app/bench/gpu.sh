@@ -135,9 +135,18 @@ policies)
     --families-policies consistent_hash,round_robin --client-procs $CLIENTS $R_POLICY --repeats 1 $SHORT \
     $BURST_POLICY --burst-timeout-s 90 --cascade-probe --base-port 8600
   ;;
+saturation)
+  # app vs raw at saturation (a 1,024-user burst, twice), 13B shape then Qwen2.5-7B's (GQA), one after the other.
+  start S -- --paths raw,app --concurrency 1024 --num-requests 1024 --burst-repeats 2 --burst-timeout-s 120
+  wait_all
+  done_names=("${names[@]}"); names=(); pids=()
+  start T -- --shape qwen2.5-7b --tokenizer-from /tmp/stage/model --paths raw,app --concurrency 1024 \
+    --num-requests 1024 --burst-repeats 2 --burst-timeout-s 120
+  ;;
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 wait_all
+names=(${done_names[@]+"${done_names[@]}"} "${names[@]}")
 cleanup
 trap - EXIT
 
