@@ -29,8 +29,8 @@ CSS = """
 .pd-cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); gap: 10px; }
 .pd-card { border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 10px 14px; }
 .pd-card h4 { margin: 0 0 6px; font-size: 13px; color: var(--body-text-color-subdued); font-weight: 600; }
-.pd-card .pd-row { display: flex; justify-content: space-between; gap: 8px; font-size: 14px; }
-.pd-card .pd-row b { font-variant-numeric: tabular-nums; white-space: nowrap; }
+.pd-card .pd-row { display: flex; flex-wrap: wrap; justify-content: space-between; column-gap: 8px; font-size: 14px; }
+.pd-card .pd-row b { font-variant-numeric: tabular-nums; margin-left: auto; text-align: right; }
 .cache-tree ul { padding-left: 18px; margin: 2px 0; }
 .cache-tree code { letter-spacing: -1px; color: #f97316; word-break: break-all; }
 .pd-detail { color: var(--body-text-color-subdued); }

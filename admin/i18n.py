@@ -1,6 +1,6 @@
 """Everything the console says, in English and Chinese (``PREFIXDESK_UI_LANGUAGE``).
 
-tests/test_console_i18n.py checks that both languages have the same keys and placeholders.
+tests/test_admin_browser.py checks that both languages have the same keys and placeholders.
 """
 
 from __future__ import annotations

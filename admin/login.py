@@ -148,7 +148,8 @@ def _page(t: dict, message: str, *, status: int = 200) -> HTMLResponse:
 <style>
  body {{ font-family: system-ui, -apple-system, "Segoe UI", "PingFang SC", "Microsoft YaHei", sans-serif;
         background: #f6f7fb; margin: 0; display: grid; place-items: center; min-height: 100vh; color: #1f2937; }}
- main {{ background: #fff; padding: 32px; border-radius: 12px; box-shadow: 0 4px 24px #0001; width: min(360px, 88vw); }}
+ main {{ background: #fff; padding: 32px; border-radius: 12px; box-shadow: 0 4px 24px #0001; width: min(360px, 92vw);
+        box-sizing: border-box; }}
  h1 {{ font-size: 20px; margin: 0 0 4px; }} p.sub {{ color: #6b7280; margin: 0 0 20px; font-size: 14px; }}
  label {{ display: block; font-size: 14px; margin: 12px 0 4px; }}
  input {{ width: 100%; box-sizing: border-box; padding: 10px; border: 1px solid #d1d5db; border-radius: 8px; font-size: 15px; }}

@@ -42,13 +42,15 @@ def build_templates_tab(console: Console):
     async def table() -> list[list]:
         return table_rows(console, await templates.rows())
 
-    async def info_line(name: str) -> tuple[str, int, dict, bool, bool, dict, dict, str]:
+    async def info_line(name: str, select: int | None = None) -> tuple[str, int, dict, bool, bool, dict, dict, str]:
+        """The editor's fields for ``name``; the version picker shows ``select``, else the published version."""
         d = await templates.detail(name)
         numbers = [v.number for v in d.versions]
         info = t["tpl_info"].format(parent=d.parent or "—", language=d.language,
                                     published=f"v{d.published_version}" if d.published_version else "—",
                                     versions=", ".join(f"v{v.number} ({v.created_by})" for v in d.versions))
-        return (d.latest.text, d.latest.number, gr.update(choices=numbers, value=d.published_version or numbers[-1]),
+        return (d.latest.text, d.latest.number,
+                gr.update(choices=numbers, value=select or d.published_version or numbers[-1]),
                 d.pinned, d.internal, gr.update(choices=numbers, value=numbers[0]),
                 gr.update(choices=numbers, value=numbers[-1]), info)
 
@@ -81,7 +83,8 @@ def build_templates_tab(console: Console):
             change = await templates.save(name=name, text=text, base_version=int(base_version), user=user)
         except REFUSED as exc:
             return refused(exc), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        _, latest, version, *_, info = await info_line(name)
+        # The new version is picked for publishing: "Publish this version" then publishes what was just saved.
+        _, latest, version, *_, info = await info_line(name, select=change.after_version)
         return t["tpl_saved"].format(name=name, version=change.after_version), latest, version, await table(), info
 
     async def publish(name: str, version: float, request: gr.Request, progress=gr.Progress()):

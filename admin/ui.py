@@ -23,6 +23,10 @@ footer { display: none !important; }
 #pd-demo-banner { background: #fff4e5; border: 1px solid #f0b429; border-radius: 6px; padding: 4px 12px; }
 #pd-console-header { align-items: center; }
 #logout { max-width: 140px; }
+@media (max-width: 640px) {
+  #pd-console-header { flex-wrap: wrap; }
+  #pd-console-title { flex: 1 1 100% !important; }
+}
 """
 # Logging out ends the session on the server, then this tab shows the login page.
 LOGOUT_JS = "() => { fetch('/admin/logout', {method: 'POST', credentials: 'same-origin'})" \
@@ -43,7 +47,7 @@ def build_admin(console: Console) -> gr.Blocks:
 
     with gr.Blocks(title=t["title"], analytics_enabled=False) as demo:
         with gr.Row(elem_id="pd-console-header"):
-            gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
+            gr.Markdown(f"## {t['title']}\n{t['subtitle']}", elem_id="pd-console-title")
             user = gr.Markdown(elem_id="pd-user")
             logout = gr.Button(t["logout"], size="sm", elem_id="logout")
         logout.click(None, js=LOGOUT_JS)

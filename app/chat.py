@@ -111,6 +111,24 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         session_key = session_key or uuid.uuid4().hex
         return session_key, picker(), await _conversation_choices(desk, session_key, t)
 
+    async def on_screen(request, base: list, conversation_id, session_key: str, box, answer):
+        """Chat outputs while ``answer(caller)`` runs: the question at once (``box`` is the message box's new
+        value), then the answer as it streams, then the stored conversation."""
+        try:
+            caller = caller_of(request)
+        except TenantRefused as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, box)
+            return
+        events = _Ahead(answer(caller))
+        try:
+            yield _out(base, conversation_id, session_key, box)
+            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+                yield update
+        except DeskInputError as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+        finally:
+            await events.aclose()
+
     async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
                    request: gr.Request):
         session_key = session_key or uuid.uuid4().hex
@@ -120,21 +138,12 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
             return
         base.append({"role": "user", "content": question})
-        try:
-            caller = caller_of(request)
-        except TenantRefused as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, "")
-            return
-        events = _Ahead(desk.answer(session_key=session_key, client=caller.address, template_name=template,
-                                    message=question, conversation_id=conversation_id, tenant=caller.tenant))
-        try:
-            yield _out(base, conversation_id, session_key, "")  # the question on screen, the box emptied
-            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
-                yield update
-        except DeskInputError as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
-        finally:
-            await events.aclose()
+        async for update in on_screen(request, base, conversation_id, session_key, "",
+                                      lambda caller: desk.answer(session_key=session_key, client=caller.address,
+                                                                 template_name=template, message=question,
+                                                                 conversation_id=conversation_id,
+                                                                 tenant=caller.tenant)):
+            yield update
 
     async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
         if conversation_id is None:
@@ -143,21 +152,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        try:
-            caller = caller_of(request)
-        except TenantRefused as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
-            return
-        events = _Ahead(desk.retry(session_key=session_key, client=caller.address, conversation_id=conversation_id,
-                                   tenant=caller.tenant))
-        try:
-            yield _out(base, conversation_id, session_key, gr.skip())
-            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
-                yield update
-        except DeskInputError as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
-        finally:
-            await events.aclose()
+        async for update in on_screen(request, base, conversation_id, session_key, gr.skip(),
+                                      lambda caller: desk.retry(session_key=session_key, client=caller.address,
+                                                                conversation_id=conversation_id,
+                                                                tenant=caller.tenant)):
+            yield update
 
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
         # The cancelled answer stores itself as stopped; show the stored conversation once it has.
@@ -225,8 +224,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         submit = box.submit(send, [box, template, conversation_id, session_key, shown], outputs, **private)
         click = send_btn.click(send, [box, template, conversation_id, session_key, shown], outputs, **private)
         again = retry_btn.click(retry, [conversation_id, session_key, shown], outputs, **private)
-        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], cancels=[submit, click, again],
-                       **private)
+        # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
+        # would run on while after_stop waits for it to be stored as stopped.
+        stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
+        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
         demo.load(on_load, [session_key], [session_key, template, conversations], **private)
         conversations.input(open_conversation, [conversations, session_key],
                             [chatbot, shown, conversation_id, template], **private)

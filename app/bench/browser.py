@@ -8,6 +8,9 @@ difference for each number of concurrent users and writes ``browser-glyph.json``
 
     python -m app.bench.browser --url http://127.0.0.1:7860/ --users 1,8 --rounds 10
 
+Every simulated customer comes from 127.0.0.1, so start the server with the per-client limits off
+(``PREFIXDESK_RATE_LIMIT_PER_MINUTE=0 PREFIXDESK_MAX_STREAMS_PER_CLIENT=0``), or they are refused.
+
 What lies between the two numbers: the browser sending the question (Gradio's queue: a join request,
 then the event stream), the server storing the message and building the prompt before the engine
 starts, and after the first token the server's update, its trip to the browser and the chatbot's
@@ -123,8 +126,8 @@ async def _customer(browser, url: str, users: int, user: int, rounds: int, warmu
 
 
 def report(runs: list[GlyphRun]) -> str:
-    lines = [f"{'users':>5} {'answers':>7} │ {'first glyph p50':>15} {'p90':>6} │ {'engine TTFT p50':>15} {'p90':>6} │ "
-             f"{'glyph − TTFT p50':>16} {'p90':>6} │ target (p50 ≤ TTFT + {TARGET_MS} ms)"]
+    lines = [(f"{'users':>5} {'answers':>7} │ {'first glyph p50':>15} {'p90':>6} │ {'engine TTFT p50':>15} {'p90':>6} │ "
+              f"{'glyph − TTFT p50':>16} {'p90':>6} │ target (p50 ≤ TTFT + {TARGET_MS} ms)")]
     for run in runs:
         f = run.figures()
         lines.append(f"{run.users:>5} {len(run.samples):>7} │ {f['glyph_p50_ms']:>12.0f} ms {f['glyph_p90_ms']:>6.0f} │ "
