@@ -126,9 +126,12 @@ cluster)
   # One template over two replicas: consistent_hash sends a family to one replica, so the family is split in two
   # shards (PREFIXDESK_FAMILY_SHARDS=2, the app's setting for a hot family; the router path sends the same
   # keys). With these worker URLs vllm-router 0.1.17 puts 电商客服:0 on :8602 and 电商客服:1 on :8601.
-  start C -- --cluster 2 --policy consistent_hash --set family_shards=2 --paths remote,router --app-entry api \
-    --web-processes $WEB --client-procs $CLIENTS $R_CLUSTER --repeats 2 $WINDOW $BURST_CLUSTER --burst-timeout-s 120 \
-    --base-port 8600
+  # PD_CLUSTER_RATE, PD_CLUSTER_REPEATS and PD_CLUSTER_BURST=0 (no burst) fit it into a shorter call.
+  [ -n "${PD_CLUSTER_RATE:-}" ] && R_CLUSTER="--rate $PD_CLUSTER_RATE"
+  [ "${PD_CLUSTER_BURST:-}" = 0 ] && BURST_CLUSTER=""
+  start C -- --cluster 2 --policy consistent_hash --set family_shards=2 --paths ${PD_CLUSTER_PATHS:-remote,router} \
+    --app-entry api --web-processes $WEB --client-procs $CLIENTS $R_CLUSTER --repeats ${PD_CLUSTER_REPEATS:-2} \
+    $WINDOW $BURST_CLUSTER --burst-timeout-s 120 --base-port 8600
   ;;
 policies)
   start P -- --cluster 2 --paths router --policies consistent_hash,cache_aware,round_robin --modes dynamic,families \
