@@ -36,23 +36,23 @@ class RequestGuard:
 
         async def limited_receive():
             nonlocal received, cut
-            message = await receive()
-            if message["type"] == "http.request" and not cut:
-                received += len(message.get("body", b""))
+            event = await receive()
+            if event["type"] == "http.request" and not cut:
+                received += len(event.get("body", b""))
                 if received > limit:
                     cut = True
                     if not started:
                         await _reject(send, 413, message)
                     return {"type": "http.disconnect"}
-            return message
+            return event
 
-        async def guarded_send(message):
+        async def guarded_send(event):
             nonlocal started
             if cut:
                 return  # the 413 is already sent; the app's answer to a cut body is dropped
-            if message["type"] == "http.response.start":
+            if event["type"] == "http.response.start":
                 started = True
-            await send(message)
+            await send(event)
 
         await self.app(scope, limited_receive, guarded_send)
 
