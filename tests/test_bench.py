@@ -6,6 +6,7 @@ counts (which requests were counted, which were the warm-up), exact cached token
 """
 
 import asyncio
+import concurrent.futures
 import json
 import math
 import os
@@ -232,8 +233,14 @@ def reqs(n):
     return [BenchRequest(i, TEMPLATE, f"q{i}", None) for i in range(n)]
 
 
+def run_alone(coro):
+    """``asyncio.run`` on a thread of its own: the session's browser keeps an event loop running on this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result()
+
+
 def test_requests_scheduled_in_the_warmup_are_sent_but_not_counted():
-    result = asyncio.run(run_schedule(SleepyTarget(), reqs(5), max_tokens=1, t0_wall=time.time(),
+    result = run_alone(run_schedule(SleepyTarget(), reqs(5), max_tokens=1, t0_wall=time.time(),
                                       arrivals_s=[0.0, 0.02, 0.04, 0.06, 0.08], warmup_s=0.04))
     assert [(s.index, s.counted) for s in result.samples] == [(0, False), (1, False), (2, True), (3, True),
                                                               (4, True)]
@@ -244,7 +251,7 @@ def test_requests_scheduled_in_the_warmup_are_sent_but_not_counted():
 def test_ttft_counts_from_the_scheduled_arrival_so_a_late_client_cannot_hide_it():
     # Request 0 blocks the loop for 0.3 s: requests 1 and 2 leave that late and their TTFT says so.
     target = SleepyTarget(block_index=0, block_s=0.3)
-    result = asyncio.run(run_schedule(target, reqs(3), max_tokens=1, t0_wall=time.time(),
+    result = run_alone(run_schedule(target, reqs(3), max_tokens=1, t0_wall=time.time(),
                                       arrivals_s=[0.0, 0.01, 0.02]))
     late = [s for s in result.samples if s.index > 0]
     assert all(s.lag_ms >= 250 and s.ttft_ms >= s.lag_ms + 10.0 for s in late)
@@ -254,7 +261,7 @@ def test_ttft_counts_from_the_scheduled_arrival_so_a_late_client_cannot_hide_it(
 def test_counted_requests_still_running_at_the_drain_deadline_are_cut_off():
     target = SleepyTarget(hang_index=2)
     started = time.monotonic()
-    result = asyncio.run(run_schedule(target, reqs(3), max_tokens=1, t0_wall=time.time(),
+    result = run_alone(run_schedule(target, reqs(3), max_tokens=1, t0_wall=time.time(),
                                       arrivals_s=[0.0, 0.01, 0.02], drain_deadline_s=0.3))
     assert time.monotonic() - started < 2
     cut = [s for s in result.samples if not s.finished]

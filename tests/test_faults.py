@@ -143,26 +143,30 @@ def test_an_engine_that_stops_making_progress_is_reported_down_and_restarted(tmp
 
     import httpx
 
-    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096, engine_stall_timeout_s=3))
+    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, engine_stall_timeout_s=3))
     core = None
     try:
         server.wait_ready()
         lines: list[str] = []
-        body = {"model": "support-en", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1500,
+        body = {"model": "support-en", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6000,
                 "ignore_eos": True, "stream": True}
 
         def stream():
             with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:
-                lines.extend(line for line in r.iter_lines() if line.startswith("data: "))
+                lines.append(f"status {r.status_code}")
+                lines.extend(line for line in r.iter_lines() if line.startswith("data: ") or r.status_code != 200)
 
         reader = threading.Thread(target=stream)
         reader.start()
         deadline = time.monotonic() + 60
-        while len(lines) < 3 and reader.is_alive():
+        while len(lines) < 4 and reader.is_alive():
             assert time.monotonic() < deadline, "no answer text within 60 s"
             time.sleep(0.01)
         core = engine_core(server)
         core.suspend()  # SIGSTOP: alive, silent
+        assert reader.is_alive() and lines[0] == "status 200", f"the answer was not streaming when the core stopped: " \
+                                                               f"{lines[:4]} … {lines[-2:]}"
+        deadline = time.monotonic() + 30
         while (h := health(server.url))["ok"]:
             assert time.monotonic() < deadline, f"the stall was not reported: {h}"
             time.sleep(0.2)
