@@ -414,7 +414,7 @@ class _OnEngine:
 @pytest.fixture(scope="module")
 def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
     """The whole app (chat, console, /v1) over the cluster's router (support-en only); every answer runs to its
-    400 tokens, so one is still streaming when its replica is killed."""
+    1,500 tokens, so one is still streaming when its replica is killed."""
     from conftest import SecondServer
 
     data_dir = tmp_path_factory.mktemp("cluster-app")
@@ -422,7 +422,7 @@ def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
     templates.mkdir()
     (templates / "02-support-en.txt").write_text((ROOT / "templates" / "02-support-en.txt").read_text())
     with SecondServer(_OnEngine(remote_engine), engine_loop, data_dir, engine="remote",
-                      engine_url=cluster.router_url, max_tokens=400, ignore_eos=True, templates_dir=str(templates),
+                      engine_url=cluster.router_url, max_tokens=1500, ignore_eos=True, templates_dir=str(templates),
                       admin_password="cluster console 42") as url:
         yield url, data_dir
 
@@ -443,7 +443,7 @@ def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(clu
     second = chat.predict("Can I change the size?", None, "support-en", None, None, api_name="/chat")
     assert (first["status"], second["status"]) == ("ok", "ok")
     assert first["replica"] == second["replica"] and first["replica"] in cluster.replica_urls  # family affinity
-    prefix = len(PromptBuilder(remote_engine.info.model, max_model_len=2048, max_tokens=400,
+    prefix = len(PromptBuilder(remote_engine.info.model, max_model_len=2048, max_tokens=1500,
                                drop_oldest_turns=True).prefix_ids(
         system_text([f.text for f in read_folder(data_dir / "templates")])))
     assert second["num_cached_tokens"] == prefix // block_size * block_size == 384  # warmed at start-up

@@ -38,12 +38,14 @@ def start_answer(url, message):
 
 
 def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
-    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096))
+    # Every answer runs to its 1,500 tokens: the one below is still streaming when its engine core dies.
+    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096, ignore_eos="true"))
     try:
         server.wait_ready()
         assert health(server.url)["restarts"] == 0
+        core = engine_core(server)  # found before the answer starts: the kill must not wait for it
         job = start_answer(server.url, "请详细说明退货流程")
-        engine_core(server).kill()
+        core.kill()
         final = job.result(timeout=60)
         assert final["status"] == "error"
         assert final["error"] == ("The answer broke off: the model stopped unexpectedly and is restarting; "
