@@ -28,26 +28,17 @@ def engine_core(server: AppProcess) -> psutil.Process:
     raise AssertionError("no EngineCore child process")
 
 
-def start_answer(url, message):
-    job = Client(url, verbose=False).submit(message, [], "电商客服", None, None, api_name="/chat")
-    deadline = time.monotonic() + 60
-    while not job.outputs():
-        assert time.monotonic() < deadline, "no delta within 60 s"
-        time.sleep(0.01)
-    return job
-
-
 def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
-    # Every answer runs to its 1,500 tokens: the one below is still streaming when its engine core dies.
-    server = AppProcess(app_env(tmp_path, max_tokens=1500, max_model_len=4096, ignore_eos="true"))
+    # Every answer runs to its 3,000 tokens (seconds here): the one below is still streaming when its core dies.
+    server = AppProcess(app_env(tmp_path, max_tokens=3000, max_model_len=8192, ignore_eos="true"))
     try:
         server.wait_ready()
         assert health(server.url)["restarts"] == 0
-        core = engine_core(server)  # found before the answer starts: the kill must not wait for it
-        job = start_answer(server.url, "请详细说明退货流程")
-        core.kill()
+        killer = signal_when_generating(tmp_path / "prefixdesk.db", engine_core(server).pid, 1, "SIGKILL")
+        job = Client(server.url, verbose=False).submit("请详细说明退货流程", [], "电商客服", None, None, api_name="/chat")
+        killer.wait(90)
         final = job.result(timeout=60)
-        assert final["status"] == "error"
+        assert final["status"] == "error", ({k: v for k, v in final.items() if k != "text"}, killer.stdout.read())
         assert final["error"] == ("The answer broke off: the model stopped unexpectedly and is restarting; "
                                   "please retry in a moment.")
         deadline = time.monotonic() + 120
@@ -67,15 +58,32 @@ def test_killed_engine_core_is_reported_stored_and_restarted(tmp_path):
 
 SIGNAL_WHEN_GENERATING = """
 import os, signal, sqlite3, sys, time
-db, pid = sqlite3.connect(sys.argv[1]), int(sys.argv[2])
+path, pid, answers, sig = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), getattr(signal, sys.argv[4])
+print("watching", flush=True)
 deadline = time.monotonic() + 60
 while time.monotonic() < deadline:
-    if db.execute("select count(*) from messages where status = 'generating'").fetchone()[0] == 3:
+    db = sqlite3.connect(path)  # a fresh connection each time: an open one may keep reading an old snapshot
+    try:
+        generating = db.execute("select count(*) from messages where status = 'generating'").fetchall()[0][0]
+    finally:
+        db.close()
+    if generating == answers:
         time.sleep(0.5)
+        print("seen", time.time(), flush=True)
         break
     time.sleep(0.05)
-os.kill(pid, signal.SIGTERM)
+os.kill(pid, sig)
+print("sent", time.time(), flush=True)
 """
+
+
+def signal_when_generating(db_path, pid: int, answers: int, sig: str) -> subprocess.Popen:
+    """A separate process sends ``sig`` to ``pid`` once ``answers`` answers have been generating for 0.5 s
+    (gradio_client's streaming threads can starve the test's own process for seconds)."""
+    watcher = subprocess.Popen([sys.executable, "-c", SIGNAL_WHEN_GENERATING, str(db_path), str(pid), str(answers),
+                                sig], stdout=subprocess.PIPE, text=True)
+    assert watcher.stdout.readline() == "watching\n"  # started (a Python start-up can take seconds here)
+    return watcher
 
 
 def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_path):
@@ -88,10 +96,7 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_pat
         clients = [Client(server.url, verbose=False) for _ in range(3)]
         _jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
                 for i, c in enumerate(clients)]
-        # A separate process sends the signal once all three answers are running: gradio_client's
-        # streaming threads can starve this process for seconds.
-        subprocess.Popen([sys.executable, "-c", SIGNAL_WHEN_GENERATING, str(tmp_path / "prefixdesk.db"),
-                          str(server.proc.pid)])
+        signal_when_generating(tmp_path / "prefixdesk.db", server.proc.pid, 3, "SIGTERM")
         assert server.proc.wait(60) == 0
     finally:
         server.stop()

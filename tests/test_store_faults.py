@@ -120,7 +120,12 @@ def test_a_write_lock_held_for_five_seconds_stalls_no_stream_and_no_health_check
     assert arrivals[-1] > unlocked_at  # the answer was still streaming when the lock ended
     assert len(during) > 100  # tokens kept coming the whole time
     assert max(gaps_ms) < 200, f"a {max(gaps_ms):.0f} ms gap in the stream while the database was locked"
-    assert max(health_ms) < 100, f"/healthz took {max(health_ms):.0f} ms while the database was locked"
+    # A /healthz waiting on the lock would take the rest of its 5 s. The probes come from this process, which
+    # also runs the server and reads the stream: on a loaded 2-core machine one probe in ten may be scheduled
+    # late (172 ms seen in CI while a gradio_client process started), so the bound is on the 90th percentile.
+    assert max(health_ms) < 1_000, f"/healthz took {max(health_ms):.0f} ms while the database was locked"
+    p90 = sorted(health_ms)[int(len(health_ms) * 0.9) - 1]
+    assert p90 < 100, f"/healthz took {p90:.0f} ms at p90 while the database was locked: {sorted(health_ms)}"
     assert chat_result["status"] == "ok"  # stored once the lock was gone
     stored = sqlite3.connect(path).execute("select role, status from messages order by id").fetchall()
     assert stored == [("user", "ok"), ("assistant", "ok")]
