@@ -372,12 +372,41 @@ def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_eng
     group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
 
     async def answer_while_killed():
-        stream = remote_engine.stream(list(range(400, 460)), max_tokens=1900, ignore_eos=True, routing_key=key)
-        async for _ in stream:
-            os.killpg(group, signal.SIGKILL)
-            break
-        with pytest.raises(EngineError, match=f"the model server {victim} stopped while answering"):
-            await collect(stream)
+        # The replica is frozen once the answer has begun; what it had already sent still arrives (on a
+        # loaded machine that can be the whole answer: then it is thawed and asked again), then it is killed.
+        for _ in range(5):
+            events: asyncio.Queue = asyncio.Queue()
+
+            async def pump(stream):
+                try:
+                    async for event in stream:
+                        await events.put(("event", event))
+                    await events.put(("end", None))
+                except Exception as exc:
+                    await events.put(("error", exc))
+
+            task = asyncio.ensure_future(pump(remote_engine.stream(list(range(400, 460)), max_tokens=1900,
+                                                                   ignore_eos=True, routing_key=key)))
+            assert (await asyncio.wait_for(events.get(), 60))[0] == "event"
+            os.killpg(group, signal.SIGSTOP)
+            ended = None
+            while ended is None:
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), 2)
+                except asyncio.TimeoutError:
+                    break  # nothing more on its way: frozen mid-answer
+                if kind != "event":
+                    ended = kind, value
+            if ended is None:
+                os.killpg(group, signal.SIGKILL)
+                kind, value = await asyncio.wait_for(events.get(), 60)
+                await task
+                assert kind == "error" and isinstance(value, EngineError), (kind, value)
+                assert f"the model server {victim} stopped while answering" in str(value)
+                return
+            await task
+            os.killpg(group, signal.SIGCONT)
+        raise AssertionError("five answers arrived whole before their replica could be frozen")
 
     aio(answer_while_killed())
     down = eventually(lambda: [(v.url, v.up) for v in remote_engine.replicas()], [(victim, False), (survivor, True)])
@@ -482,12 +511,22 @@ def test_a_replica_dying_mid_answer_loses_no_stored_message_and_the_next_chat_is
     (victim,) = {ask(aio, remote_engine, [1, 2, 3], key="support-en").replica for _ in range(3)}
     survivor = next(u for u in cluster.replica_urls if u != victim)
     group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
-    job = Client(url, verbose=False).submit("Tell me about every policy.", None, "support-en", None, None,
-                                            api_name="/chat")
-    deadline = time.monotonic() + 60
-    while not job.outputs():
-        assert time.monotonic() < deadline, "no answer text within 60 s"
-        time.sleep(0.01)
+    # Frozen once the answer has begun; if what it had already sent was the whole answer (a loaded machine),
+    # it is thawed and asked again. Then it is killed mid-answer.
+    for _ in range(5):
+        job = Client(url, verbose=False).submit("Tell me about every policy.", None, "support-en", None, None,
+                                                api_name="/chat")
+        deadline = time.monotonic() + 60
+        while not job.outputs():
+            assert time.monotonic() < deadline, "no answer text within 60 s"
+            time.sleep(0.01)
+        os.killpg(group, signal.SIGSTOP)
+        time.sleep(2)
+        if not job.done():
+            break
+        os.killpg(group, signal.SIGCONT)
+    else:
+        raise AssertionError("five answers arrived whole before their replica could be frozen")
     os.killpg(group, signal.SIGKILL)
     final = job.result(timeout=120)
     assert final["status"] == "error", ({k: v for k, v in final.items() if k != "text"}, victim)
