@@ -377,23 +377,23 @@ def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_eng
         for _ in range(5):
             events: asyncio.Queue = asyncio.Queue()
 
-            async def pump(stream):
+            async def pump(stream, events: asyncio.Queue):
                 try:
                     async for event in stream:
                         await events.put(("event", event))
                     await events.put(("end", None))
-                except Exception as exc:
+                except EngineError as exc:
                     await events.put(("error", exc))
 
             task = asyncio.ensure_future(pump(remote_engine.stream(list(range(400, 460)), max_tokens=1900,
-                                                                   ignore_eos=True, routing_key=key)))
+                                                                   ignore_eos=True, routing_key=key), events))
             assert (await asyncio.wait_for(events.get(), 60))[0] == "event"
             os.killpg(group, signal.SIGSTOP)
             ended = None
             while ended is None:
                 try:
                     kind, value = await asyncio.wait_for(events.get(), 2)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     break  # nothing more on its way: frozen mid-answer
                 if kind != "event":
                     ended = kind, value

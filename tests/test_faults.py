@@ -146,42 +146,24 @@ def test_kv_cache_too_small_for_one_request_names_the_setting(tmp_path):
 def test_an_engine_that_stops_making_progress_is_reported_down_and_restarted(tmp_path):
     """A core that hangs without dying (its input thread killed by a malformed request, say) says nothing;
     the watchdog notices that requests stopped progressing, reports it, and restarts the engine."""
-    import threading
-
-    import httpx
-
-    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, engine_stall_timeout_s=3))
+    server = AppProcess(app_env(tmp_path, max_tokens=6000, max_model_len=8192, engine_stall_timeout_s=3,
+                                ignore_eos="true"))
     core = None
     try:
         server.wait_ready()
-        lines: list[str] = []
-        body = {"model": "support-en", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6000,
-                "ignore_eos": True, "stream": True}
-
-        def stream():
-            with httpx.stream("POST", server.url + "v1/chat/completions", json=body, timeout=120) as r:
-                lines.append(f"status {r.status_code}")
-                lines.extend(line for line in r.iter_lines() if line.startswith("data: ") or r.status_code != 200)
-
-        reader = threading.Thread(target=stream)
-        reader.start()
-        deadline = time.monotonic() + 60
-        while len(lines) < 4 and reader.is_alive():
-            assert time.monotonic() < deadline, "no answer text within 60 s"
-            time.sleep(0.01)
         core = engine_core(server)
-        core.suspend()  # SIGSTOP: alive, silent
-        assert reader.is_alive() and lines[0] == "status 200", f"the answer was not streaming when the core stopped: " \
-                                                               f"{lines[:4]} … {lines[-2:]}"
+        # SIGSTOP once the answer is generating: alive, silent, mid-answer (its 6,000 tokens take seconds).
+        freezer = signal_when_generating(tmp_path / "prefixdesk.db", core.pid, 1, "SIGSTOP")
+        job = Client(server.url, verbose=False).submit("你好", [], "电商客服", None, None, api_name="/chat")
+        assert freezer.wait(90) == 0
         deadline = time.monotonic() + 30
         while (h := health(server.url))["ok"]:
             assert time.monotonic() < deadline, f"the stall was not reported: {h}"
             time.sleep(0.2)
         assert h["reason"] in {f"no request has progressed for {s} s" for s in (3, 4)} | {"the model is restarting"}
-        reader.join(60)
-        error = json.loads(lines[-1].removeprefix("data: "))["error"]
-        assert (error["code"], error["message"]) == (
-            "engine_error", "the model stopped unexpectedly and is restarting; please retry in a moment")
+        final = job.result(timeout=60)
+        assert (final["status"], final["error"]) == ("error", "The answer broke off: the model stopped unexpectedly "
+                                                              "and is restarting; please retry in a moment.")
         deadline = time.monotonic() + 120
         while (h := health(server.url))["restarts"] != 1 or not h["ok"]:
             assert time.monotonic() < deadline, f"engine did not restart: {h}"
