@@ -160,9 +160,7 @@ async def collect(stream) -> list:
     return [event async for event in stream]
 
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+from app.bench.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (one launch recipe for tests and benchmark)
 
 
 @pytest.fixture(scope="session")
