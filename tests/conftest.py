@@ -160,7 +160,7 @@ async def collect(stream) -> list:
     return [event async for event in stream]
 
 
-from app.bench.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (one launch recipe for tests and benchmark)
+from app.bench.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment set above; shared with the benchmark)
 
 
 @pytest.fixture(scope="session")
