@@ -192,8 +192,14 @@ class AppProcess:
         self.log_path = Path(env["PREFIXDESK_DATA_DIR"]) / f"server-{self.port}.log"
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "ab")
+        # A process group of its own (stop() kills the whole tree with it), but the test's session, not a new
+        # one: Linux's autogroup scheduler gives each session a group of its own that shares the CPU with the
+        # others as a whole. In its own session, a server streaming answers on a busy 2-core machine took
+        # both cores, and the test's process, its gradio_client threads and its watcher subprocess stood
+        # runnable but unscheduled for 10-40 s at a time: requests meant to run at once reached the server
+        # one after another, and a signal meant for answers in progress came after they had ended.
         self.proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+                                     stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
 
     def wait_ready(self, timeout: float = 180) -> None:
         import time

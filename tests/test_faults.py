@@ -78,8 +78,9 @@ print("sent", time.time(), flush=True)
 
 
 def signal_when_generating(db_path, pid: int, answers: int, sig: str) -> subprocess.Popen:
-    """A separate process sends ``sig`` to ``pid`` once ``answers`` answers have been generating for 0.5 s
-    (gradio_client's streaming threads can starve the test's own process for seconds)."""
+    """A separate process sends ``sig`` to ``pid`` once ``answers`` answers have been generating for 0.5 s, or
+    after 60 s regardless; it prints "seen" only in the first case. It watches the database, not the test's
+    gradio_client jobs, so how fast the test's own threads run does not matter."""
     watcher = subprocess.Popen([sys.executable, "-c", SIGNAL_WHEN_GENERATING, str(db_path), str(pid), str(answers),
                                 sig], stdout=subprocess.PIPE, text=True)
     assert watcher.stdout.readline() == "watching\n"  # started (a Python start-up can take seconds here)
@@ -92,15 +93,17 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_pat
     try:
         server.wait_ready()
         db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
-        # Clients first: a gradio_client streaming a long answer slows its whole process down.
-        clients = [Client(server.url, verbose=False) for _ in range(3)]
+        clients = [Client(server.url, verbose=False) for _ in range(3)]  # each one a session of its own
         _jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
                 for i, c in enumerate(clients)]
-        signal_when_generating(tmp_path / "prefixdesk.db", server.proc.pid, 3, "SIGTERM")
+        watcher = signal_when_generating(tmp_path / "prefixdesk.db", server.proc.pid, 3, "SIGTERM")
         assert server.proc.wait(150) == 0  # the watcher waits up to 60 s for the answers, then shutdown takes ~10 s
     finally:
         server.stop()
     stopped = list(db["messages"].rows_where("role = 'assistant'", order_by="id"))
+    # The three sessions' answers stream at once: the signal found all three generating.
+    assert "seen" in watcher.communicate(timeout=30)[0], [(a["status"], a["created_at"], a["finished_at"])
+                                                          for a in stopped]
     assert [a["status"] for a in stopped] == ["stopped"] * 3
     assert [a["error"] for a in stopped] == ["stopped before the answer was complete"] * 3
     assert all(0 < a["output_tokens"] < 6000 and a["text"] for a in stopped)  # partial answers, with stats
