@@ -200,7 +200,11 @@ class GradioTarget:
 
         from gradio_client import Client
 
-        self.client = await asyncio.to_thread(Client, self.base_url, verbose=False)
+        # gradio_client runs each submit() in a pool of its own (40 threads unless told): were it smaller than
+        # ours, requests would queue there after timer.sent(), where the client-lag check cannot see them.
+        # Telemetry stays off only when both the argument and GRADIO_ANALYTICS_ENABLED say so.
+        self.client = await asyncio.to_thread(Client, self.base_url, verbose=False, max_workers=self.threads,
+                                              analytics_enabled=False)
         self.pool = ThreadPoolExecutor(max_workers=self.threads)
         api = await asyncio.to_thread(self.client.view_api, print_info=False, return_format="dict")
         # (message, history, template, conversation_id, ...): whatever else it takes is sent as None.

@@ -41,7 +41,8 @@ def show(path: Path) -> str:
     runs = summaries_from(body)
     config = body.get("config", {})
     lines = [f"## {path.parent.name}/{path.name}: {len(runs)} runs, {config.get('wall_s', '?')} s, "
-             f"paths {config.get('paths')}, modes {config.get('modes')}"]
+             f"paths {config.get('paths')}, modes {config.get('modes')}" +
+             (f", label {config['label']!r}" if config.get("label") else "")]
     if body.get("skipped"):
         lines.append(f"skipped (deadline): {'; '.join(body['skipped'])}")
     lines.append(table(runs))
