@@ -230,11 +230,12 @@ gradio)
   # two engines compiling the same shape at once must not share one cache dir.
   # Time (an estimate from the other stages, not yet seen for this one): ~150 s to the first window (unpacking,
   # imports, both engines starting), then ~90-100 s a rate, so 90 req/s starts by ~350 s, well before the deadline.
+  # queue_max_size 4096: what the path carries is measured, not the app's admission limit (256 by default).
   # PD_PARTS=1 or 2 runs one half alone (on a machine of one GPU: PD_G2_GPU=0).
-  case ${PD_PARTS:-12} in *1*) start G1 CUDA_VISIBLE_DEVICES=0 -- --paths gradio --client-procs $CLIENTS $R_GRADIO \
+  case ${PD_PARTS:-12} in *1*) start G1 CUDA_VISIBLE_DEVICES=0 -- --paths gradio --set queue_max_size=4096 --client-procs $CLIENTS $R_GRADIO \
     --repeats 1 $WINDOW --base-port 8600 --label "repeat 1 of 2 (GPU 0)" ;; esac
   case ${PD_PARTS:-12} in *2*) start G2 CUDA_VISIBLE_DEVICES=${PD_G2_GPU:-1} VLLM_CACHE_ROOT=/tmp/vllm-cache-g2 -- \
-    --paths gradio --client-procs $CLIENTS $R_GRADIO --repeats 1 --seed 1000 $WINDOW --base-port 8700 \
+    --paths gradio --set queue_max_size=4096 --client-procs $CLIENTS $R_GRADIO --repeats 1 --seed 1000 $WINDOW --base-port 8700 \
     --label "repeat 2 of 2 (GPU ${PD_G2_GPU:-1})" ;; esac
   ;;
 *) echo "unknown stage $stage"; exit 2 ;;
