@@ -119,13 +119,13 @@ def create_app(services: Services) -> FastAPI:
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
                  pwa=False, ssr_mode=False, blocked_paths=_blocked_paths(settings))
     blocks = build_admin(console)
-    blocks.queue(default_concurrency_limit=None, max_size=settings.queue_max_size)
+    _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests)
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
                         **mount)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
                       browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
                       model_name=model_label(settings.model, settings.ui_language))
-    chat.queue(default_concurrency_limit=None, max_size=settings.queue_max_size)
+    _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests)
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb", **mount)
     for mounted in (blocks, chat):
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
@@ -135,6 +135,14 @@ def create_app(services: Services) -> FastAPI:
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
     return app
+
+
+def _queue(blocks: gr.Blocks, max_size: int, at_once: int) -> None:
+    """Gradio's queue, running as many events at once as the engine takes answers. Gradio runs at most
+    ``max_threads`` events at once (40 unless launch() says otherwise, and a mounted app never launches),
+    concurrency limits or not: on a GPU that, not the engine, capped the chat at 40 answers in flight."""
+    blocks.max_threads = max(at_once, 40)
+    blocks.queue(default_concurrency_limit=None, max_size=max_size)
 
 
 def create_api_app(services: Services) -> FastAPI:

@@ -93,3 +93,28 @@ def test_eight_concurrent_chats_are_batched_by_the_engine(server_url, engine, db
     stored = [db["messages"].get(f["message_id"]) for f in finals]
     assert [s["status"] for s in stored] == ["ok"] * 8
     assert engine.snapshot().max_running_seen > 1  # vLLM ran several at once: Gradio did not queue them
+
+
+def test_more_chats_than_gradios_forty_threads_stream_at_once(services, engine_loop, engine, tmp_path):
+    """Gradio runs at most ``max_threads`` events at once (40 by default in a mounted app), whatever the
+    concurrency limits say; the chat raises it to what the engine takes, so 48 customers stream together."""
+    from conftest import SecondServer
+
+    engine.reset_max_running_seen()
+    with SecondServer(services, engine_loop, tmp_path, max_tokens=900, ignore_eos=True) as url:
+        clients = [Client(url, verbose=False) for _ in range(4)]  # gradio_client runs 40 jobs at most per client
+        jobs = [c.submit(f"第{i}位顾客：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
+                for i, c in enumerate(clients * 12)]
+        try:
+            deadline = time.monotonic() + 90
+            while engine.snapshot().running < 48 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert engine.snapshot().max_running_seen == 48  # 40 when Gradio's threads were the limit
+        finally:
+            for job in jobs:
+                job.cancel()
+            while (engine.in_flight or engine.snapshot().running) and time.monotonic() < deadline + 60:
+                time.sleep(0.1)
+            for c in clients:
+                c.close()
+    assert engine.in_flight == 0
