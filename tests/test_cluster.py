@@ -73,8 +73,10 @@ class RunningCluster:
                      "--router-port", str(o.router_port), "--router-metrics-port", str(o.router_metrics_port)]
         self.out_path = data_dir / "launcher.out"
         self._out = open(self.out_path, "wb")
+        # A process group of its own, in the test's session: a new session is a scheduling group of its own
+        # (autogroup), and on 2 cores the cluster's would starve the test (see AppProcess in conftest).
         self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     process_group=0)
         self.router_url = f"http://127.0.0.1:{o.router_port}"
         self.replica_urls = [f"http://127.0.0.1:{o.replica_port + i}" for i in range(2)]
         self.kv_events = {u: f"tcp://*:{o.kv_events_port + i}" for i, u in enumerate(self.replica_urls)}

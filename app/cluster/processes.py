@@ -73,8 +73,11 @@ class Cluster:
         log = open(spec.log_path, "ab")
         self._logs.append(log)
         env = {**os.environ, **dict(spec.env), "PYTHONUNBUFFERED": "1"}
+        # A process group of its own (Ctrl-C reaches the launcher alone, which stops the plan in order), in the
+        # launcher's session: a new session would be a scheduling group of its own under Linux's autogroup, and
+        # replicas busy streaming would then starve the launcher, the router and the app on a small machine.
         proc = subprocess.Popen(spec.argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                process_group=0)
         self.procs[spec.name] = proc
         return proc
 
