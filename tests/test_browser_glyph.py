@@ -23,3 +23,15 @@ def test_the_benchmark_measures_each_answers_first_glyph_after_its_first_token(s
         assert type(s["glyph_ms"]) is int and type(s["engine_ttft_ms"]) is int
         assert s["glyph_ms"] > 0 and s["engine_ttft_ms"] > 0
         assert s["glyph_ms"] >= s["engine_ttft_ms"], s  # the page saw the answer no sooner than the engine made it
+
+
+def test_lowering_the_servers_cpu_share_is_refused_when_the_server_shares_the_browsers_session(server_url, tmp_path):
+    # The session's server runs inside pytest, and the benchmark is pytest's child: one scheduling group.
+    out = subprocess.run([sys.executable, "-m", "app.bench.browser", "--url", server_url, "--users", "1",
+                          "--server-nice", "19", "--out", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines()[-1] == (
+        "--server-nice: the server runs in this benchmark's session, so its scheduling group is the browser's too; "
+        "start the server in a session of its own (setsid python -m app)")
+    assert not (tmp_path / "browser-glyph.json").exists()
