@@ -187,8 +187,10 @@ class _Server:
         if cap:
             env["PREFIXDESK_MAX_CONCURRENT_REQUESTS"] = str(cap)
         self.log = open(self.data_dir / "server.log", "wb")
+        # Its own process group, this session: a new session is a scheduling group of its own (autogroup),
+        # and a server streaming on a small machine would starve the clients that measure it.
         self.proc = subprocess.Popen([sys.executable, "-m", "app"], env=env, stdout=self.log,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+                                     stderr=subprocess.STDOUT, process_group=0)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

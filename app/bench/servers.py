@@ -53,8 +53,10 @@ class AppProcess:
         env = {**base, **self.env, "PYTHONUNBUFFERED": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
         argv = [sys.executable, "-m", "app", *(["--api-only"] if self.api_only else [])]
         with open(self.log_path, "ab") as log:
+            # Its own process group, this session: a new session is a scheduling group of its own (autogroup),
+            # and a server streaming on a small machine would starve the clients that measure it.
             self.proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, process_group=0)
         print(f"app.bench: started {' '.join(argv[1:])} with {self.web_processes} web processes on {self.url}",
               flush=True)
 
