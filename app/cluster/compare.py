@@ -92,10 +92,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _run_policy(policy: str, settings, model, a) -> PolicyResult:
+    from app.core.prompts import PromptBuilder, system_text
+    from app.core.routing import routing_key
     from app.engine import EngineError, RequestStats
     from app.engine.remote import RemoteEngine
-    from app.prompts import PromptBuilder, system_text
-    from app.routing import routing_key
     from app.template_files import read_folder
 
     engine = RemoteEngine.connect(settings, model)

@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.engine.local import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
+from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.settings import Settings
 
 POLICIES = ("consistent_hash", "cache_aware", "round_robin", "power_of_two", "random", "kv_aware")

@@ -28,7 +28,7 @@ from sqlalchemy.engine import Engine as SqlEngine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS = Path(__file__).resolve().parent / "migrations"
 SQLITE_BUSY_TIMEOUT_S = 10
 READ_THREADS = 4
 POSTGRES_WRITE_THREADS = 4

@@ -1,4 +1,4 @@
-"""The database tables, as SQLAlchemy 2.x typed models. Schema changes go through app/migrations."""
+"""The database tables, as SQLAlchemy 2.x typed models. Schema changes go through app/db/migrations."""
 
 from __future__ import annotations
 

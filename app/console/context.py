@@ -1,0 +1,44 @@
+"""What the console works with, built once from the app's services and handed to every tab."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.console.access import ConsoleAccess
+from app.console.i18n import TEXT
+from app.console.templates import PrefixMeter, Templates
+from app.core.catalog import TemplateCatalog
+from app.core.desk import Desk
+from app.core.warmup import probe_token
+from app.db import Database
+from app.engine import Engine
+from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class Console:
+    settings: Settings
+    db: Database
+    engine: Engine
+    desk: Desk
+    catalog: TemplateCatalog
+    meter: PrefixMeter
+    templates: Templates
+    access: ConsoleAccess
+    probe_id: int  # the token a warmup sends after a prefix (see app/core/warmup.py)
+
+    @property
+    def language(self) -> str:
+        return self.settings.ui_language
+
+    @property
+    def text(self) -> dict[str, str]:
+        return TEXT[self.settings.ui_language]
+
+
+def build_console(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
+                  access: ConsoleAccess) -> Console:
+    prompts = desk.prompts
+    meter = PrefixMeter(prompts, engine.info.block_size, prompts.max_model_len, settings.max_tokens)
+    return Console(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
+                   templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer))

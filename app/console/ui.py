@@ -1,0 +1,74 @@
+"""The admin console at /admin: one Gradio Blocks composed of one module per tab.
+
+The gate of app/console/login.py keeps strangers from every route of this app; every handler checks the
+caller again through ``console.access.require`` (a hidden component is not access control).
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from app.console.cache_ui import CSS as CACHE_CSS
+from app.console.cache_ui import build_cache_tab
+from app.console.context import Console
+from app.console.demo_ui import build_demo_tab
+from app.console.i18n import headers
+from app.console.templates_ui import build_templates_tab
+from app.console.warmup_ui import build_warmup_tab
+from app.db import audit as db_audit
+
+CSS = CACHE_CSS + """
+footer { display: none !important; }
+#pd-demo-banner { background: #fff4e5; border: 1px solid #f0b429; border-radius: 6px; padding: 4px 12px; }
+#pd-console-header { align-items: center; }
+#logout { max-width: 140px; }
+@media (max-width: 640px) {
+  #pd-console-header { flex-wrap: wrap; }
+  #pd-console-title { flex: 1 1 100% !important; }
+}
+"""
+# Logging out ends the session on the server, then this tab shows the login page.
+LOGOUT_JS = "() => { fetch('/admin/logout', {method: 'POST', credentials: 'same-origin'})" \
+            ".finally(() => { window.location.assign('/admin/login'); }); }"
+
+
+def build_admin(console: Console) -> gr.Blocks:
+    t, access = console.text, console.access
+
+    async def who(request: gr.Request):
+        return t["logged_in_as"].format(user=await access.require(request))
+
+    async def audit_rows(request: gr.Request):
+        await access.require(request)
+        rows = await console.db.read(db_audit.recent)
+        return [[f"{r.t:%Y-%m-%d %H:%M:%S}", r.user, r.action, r.target, r.field, r.before or "", r.after or ""]
+                for r in rows]
+
+    with gr.Blocks(title=t["title"], analytics_enabled=False) as demo:
+        with gr.Row(elem_id="pd-console-header"):
+            gr.Markdown(f"## {t['title']}\n{t['subtitle']}", elem_id="pd-console-title")
+            user = gr.Markdown(elem_id="pd-user")
+            logout = gr.Button(t["logout"], size="sm", elem_id="logout")
+        logout.click(None, js=LOGOUT_JS)
+        if console.settings.admin_demo:
+            gr.Markdown(t["demo_banner"], elem_id="pd-demo-banner")
+        loads = []
+        with gr.Tabs():
+            with gr.Tab(t["tab_templates"], id="templates"):
+                loads.append(build_templates_tab(console))
+            with gr.Tab(t["tab_warmup"], id="warmup"):
+                loads.append(build_warmup_tab(console))
+            with gr.Tab(t["tab_cache"], id="cache"):
+                loads.append(build_cache_tab(console))
+            with gr.Tab(t["tab_demo"], id="demo"):
+                loads.append(build_demo_tab(console))
+            with gr.Tab(t["tab_audit"], id="audit") as audit_tab:
+                audit_table = gr.Dataframe(headers=headers(console.language, "audit_headers"), interactive=False,
+                                           elem_id="audit-table", wrap=True)
+                audit_btn = gr.Button(t["refresh"], size="sm")
+        audit_btn.click(audit_rows, None, audit_table, api_name="audit")
+        audit_tab.select(audit_rows, None, audit_table, api_visibility="private")
+        demo.load(who, None, user, api_visibility="private", show_progress="hidden")
+        for handler, outputs in loads:
+            demo.load(handler, None, outputs, api_visibility="private", show_progress="hidden")
+    return demo

@@ -1,0 +1,287 @@
+"""The help desk's chat logic, free of any UI: one message in, a stored, streamed answer out.
+
+The path of a message: validate (sizes and limits, before any work) → store the user's message →
+assemble the prompt (template chain + history) → stream from the engine → store the answer with
+its stats. The user's message is stored before generation starts, and the answer row is always
+finished — ok, stopped or error — so nothing is lost, whatever happens to the request. Database
+calls and long tokenizing run off the event loop that streams every user's tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from app.core.catalog import TemplateCatalog, TemplateNotFound
+from app.core.limits import ClientLimiter, RateLimited
+from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
+from app.core.routing import routing_key
+from app.db import Database, StoreError
+from app.db import conversations as db_conversations
+from app.db.rows import AnswerResult, ConversationRow, MessageRow, TemplateInfo, TurnIds
+from app.engine import Delta, Engine, EngineBusy, EngineError, EngineRejected, RequestStats
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_CHARS = 20_000
+MAX_HISTORY_MESSAGES = 200
+MAX_HISTORY_CHARS = 200_000
+INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (2,000: 1.4 ms): on the loop
+STOPPED = "stopped before the answer was complete"
+PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
+
+
+class DeskInputError(ValueError):
+    """The request cannot be answered as sent; the message tells the user what to do."""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The answer so far (the whole text, not a delta)."""
+
+    text: str
+    conversation_id: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    """The stored answer row (status ok, stopped or error) and how the prompt was fitted."""
+
+    message: MessageRow
+    dropped_turns: int = 0
+
+
+class Desk:
+    def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
+                 limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False):
+        self.db = db
+        self.catalog = catalog
+        self.engine = engine
+        self.prompts = prompts
+        self.limiter = limiter
+        self._tenant_secret = tenant_secret
+        self.family_shards = family_shards
+        self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
+
+    def tenant_salt(self, tenant: str) -> str | None:
+        """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
+
+        The key is a server-side secret that no page or API ever sends, so nobody can compute the
+        salt of another tenant.
+        """
+        if not tenant:
+            return None
+        return hmac.new(self._tenant_secret.encode(), tenant.encode(), hashlib.sha256).hexdigest()[:32]
+
+    def templates(self) -> list[TemplateInfo]:
+        return self.catalog.all()
+
+    def prefix_ids(self, template: TemplateInfo) -> tuple[int, ...]:
+        return self.catalog.prefix_ids(template.name)
+
+    def customer_template(self, name: str) -> TemplateInfo:
+        """A template a customer may chat with; raises DeskInputError naming the ones there are."""
+        try:
+            template = self.catalog.get(name)
+        except TemplateNotFound as exc:
+            raise DeskInputError(str(exc)) from None
+        if template.internal:
+            raise DeskInputError(str(TemplateNotFound(name, [t.name for t in self.catalog.customer_facing()])))
+        return template
+
+    async def build_prompt(self, template: TemplateInfo, history: Sequence[Turn], message: str) -> Prompt:
+        """The prompt's token ids; long conversations are tokenized on a thread, not on the loop."""
+        size = len(message) + sum(len(t.text) for t in history)
+        if size <= INLINE_TOKENIZE_CHARS:
+            return self.prompts.build(system_text(template.chain), history, message)
+        return await asyncio.to_thread(self.prompts.build, system_text(template.chain), list(history), message)
+
+    async def answer(
+        self,
+        *,
+        session_key: str,
+        client: str,
+        template_name: str,
+        message: str,
+        history: Sequence[Turn] | None = None,
+        conversation_id: int | None = None,
+        tenant: str = "",
+        max_tokens: int | None = None,
+        ignore_eos: bool = False,
+    ) -> AsyncIterator[Progress | Finished]:
+        """Stream ``Progress`` events, then exactly one ``Finished`` with the stored answer.
+
+        ``history`` is the context as the caller holds it; None means the stored conversation.
+        Raises DeskInputError (nothing stored) for bad input, a limit, or an unknown template or
+        conversation. Every later failure is stored with the answer and reported in Finished.
+        """
+        message = clean_text(message).strip()
+        if not message:
+            raise DeskInputError("Please type a question before sending.")
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise DeskInputError(f"This message has {len(message):,} characters; the limit is "
+                                 f"{MAX_MESSAGE_CHARS:,}. Please shorten it or split it into several messages.")
+        if history is not None:
+            history = check_history(history)
+        template = self.customer_template(template_name)
+        self._check_rate(client)
+        if conversation_id is not None:
+            owner = await self._read(db_conversations.owner, conversation_id=conversation_id)
+            if owner != session_key:
+                raise DeskInputError("That conversation does not exist here; please start a new one.")
+            if history is None:
+                history = await self._stored_turns(conversation_id)
+        try:
+            turn = await self.db.write(
+                db_conversations.begin_turn, session_key=session_key, conversation_id=conversation_id,
+                template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant)
+        except StoreError as exc:
+            raise DeskInputError(f"Your message could not be saved, so it was not sent: {exc}.") from None
+        async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
+                                          max_tokens=max_tokens, ignore_eos=ignore_eos):
+            yield event
+
+    async def retry(self, *, session_key: str, client: str, conversation_id: int,
+                    tenant: str = "") -> AsyncIterator[Progress | Finished]:
+        """Answer the last question of a stored conversation again; the new answer replaces the old."""
+        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
+        if template_name is None:
+            raise DeskInputError("That conversation does not exist here; please start a new one.")
+        template = self.customer_template(template_name)
+        self._check_rate(client)
+        try:
+            turn = await self.db.write(db_conversations.begin_retry, session_key=session_key,
+                                       conversation_id=conversation_id, template_version_id=template.version_id)
+        except LookupError as exc:
+            raise DeskInputError(str(exc)) from None
+        except StoreError as exc:
+            raise DeskInputError(f"The answer could not be retried: {exc}.") from None
+        turns = await self._stored_turns(conversation_id)
+        question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
+        async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant):
+            yield event
+
+    async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
+        """The stored messages of a conversation this browser owns, or None."""
+        if await self._read(db_conversations.owner, conversation_id=conversation_id) != session_key:
+            return None
+        return await self._read(db_conversations.messages, conversation_id=conversation_id)
+
+    async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
+        return await self._read(db_conversations.list_for, session_key=session_key)
+
+    # -- internals ---------------------------------------------------------------------------
+
+    async def _generate(self, turn: TurnIds, template: TemplateInfo, history: Sequence[Turn], message: str, *,
+                        client: str, tenant: str, max_tokens: int | None = None,
+                        ignore_eos: bool = False) -> AsyncIterator[Progress | Finished]:
+        text = ""
+        result: AnswerResult | None = None
+        dropped = 0
+        try:
+            with self.limiter.stream(client):
+                prompt = await self.build_prompt(template, history, message)
+                dropped = prompt.dropped_turns
+                budget = min(prompt.max_tokens, max_tokens or prompt.max_tokens)
+                key = routing_key(template.family, shards=self.family_shards, shard_seed=str(turn.conversation_id))
+                # aclosing: a stop or disconnect closes the engine stream at once, which aborts the
+                # request in the engine instead of leaving it to the garbage collector.
+                async with contextlib.aclosing(self.engine.stream(
+                        prompt.token_ids, max_tokens=budget, cache_salt=self.tenant_salt(tenant),
+                        ignore_eos=ignore_eos or self.ignore_eos, routing_key=key)) as stream:
+                    shown_at = 0.0
+                    async for event in stream:
+                        if isinstance(event, Delta):
+                            text += event.text
+                            # Each update re-sends the answer so far; one per frame is what the eye sees.
+                            if (now := time.monotonic()) - shown_at >= PROGRESS_INTERVAL_S:
+                                shown_at = now
+                                yield Progress(text, turn.conversation_id)
+                        elif isinstance(event, RequestStats):
+                            status, error = ("stopped", STOPPED) if event.finish_reason == "abort" else ("ok", None)
+                            result = _result(text, status, error, event)
+        except RateLimited as exc:
+            result = AnswerResult(text="", status="error", error=str(exc))
+        except PromptError as exc:
+            result = AnswerResult(text="", status="error", error=str(exc))
+        except EngineBusy as exc:
+            result = AnswerResult(text="", status="error", error=f"The help desk is busy right now: {exc}.")
+        except EngineRejected as exc:
+            result = AnswerResult(text="", status="error", error=f"This request could not be answered: {exc}.")
+        except EngineError as exc:
+            result = AnswerResult(text=text, status="error", error=f"The answer broke off: {exc}.")
+        except (asyncio.CancelledError, GeneratorExit):
+            await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+            raise
+        except Exception:
+            # An unexpected exception is on its way up; the answer row must not stay "generating".
+            await self._finish(turn.answer_id, AnswerResult(
+                text=text, status="error", error="internal error; the answer was not completed"))
+            raise
+        yield Finished(await self._finish(turn.answer_id, result), dropped)
+
+    def _check_rate(self, client: str) -> None:
+        try:
+            self.limiter.check_rate(client)
+        except RateLimited as exc:
+            raise DeskInputError(str(exc)) from None
+
+    async def _read(self, fn, **kwargs):
+        try:
+            return await self.db.read(fn, **kwargs)
+        except StoreError as exc:
+            raise DeskInputError(f"The conversation could not be read: {exc}.") from None
+
+    async def _stored_turns(self, conversation_id: int) -> list[Turn]:
+        rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
+        return [Turn(m.role, m.text) for m in rows if m.text and (m.role == "user" or m.status in ("ok", "stopped"))]
+
+    async def _finish(self, answer_id: int, result: AnswerResult) -> MessageRow:
+        # Shielded: a second cancel must not leave the row "generating"; the write runs on its
+        # thread to the end either way.
+        try:
+            return await asyncio.shield(self.db.write(db_conversations.finish_answer, message_id=answer_id,
+                                                      result=result))
+        except StoreError:
+            log.exception("could not store answer %s (%s)", answer_id, result.status)
+            raise
+
+
+def check_history(history: Sequence[Turn]) -> list[Turn]:
+    """Clean and bound a client's history before any work; raises DeskInputError past the limits."""
+    if len(history) > MAX_HISTORY_MESSAGES:
+        raise DeskInputError(f"The history has {len(history):,} messages; the limit is {MAX_HISTORY_MESSAGES}. "
+                             "Send only the recent ones, or start a new conversation.")
+    size = sum(len(t.text) for t in history)
+    if size > MAX_HISTORY_CHARS:
+        raise DeskInputError(f"The history has {size:,} characters; the limit is {MAX_HISTORY_CHARS:,}. "
+                             "Send only the recent messages, or start a new conversation.")
+    turns = []
+    for t in history:
+        text = clean_text(t.text).strip()
+        if t.role in ("user", "assistant") and text:
+            turns.append(Turn(t.role, text))
+    return turns
+
+
+def clean_text(text: str) -> str:
+    """Drop control characters (keeping newlines and tabs) and replace unpaired surrogates."""
+    if any("\ud800" <= ch <= "\udfff" for ch in text):
+        text = text.encode("utf-8", "replace").decode("utf-8", "replace")
+    return "".join(ch for ch in text if ch in "\n\t" or ch.isprintable() or ch == " ")
+
+
+def _result(text: str, status: str, error: str | None, stats: RequestStats) -> AnswerResult:
+    return AnswerResult(
+        text=text, status=status, error=error, prompt_tokens=stats.prompt_tokens,
+        num_cached_tokens=stats.num_cached_tokens, ttft_ms=round(stats.ttft_ms, 1),
+        output_tokens=stats.output_tokens, decode_tokens_per_s=round(stats.decode_tokens_per_s, 1),
+        replica=stats.replica or None,
+    )
+

@@ -1,0 +1,61 @@
+"""Putting templates in the prefix cache: one request that sends a template's exact prefix.
+
+``touch`` is that request: the prefix plus one probe token (the end-of-text token, which the chat
+never sends right after a system prompt), one output token. vLLM then holds the prefix's full
+blocks. Warmup (console, publish, start-up) and keep-warm (pinned templates, every few seconds)
+both call it, so they put the very same blocks in the cache. ``warm`` touches twice: the second
+touch measures what the first left cached. A family split over several replicas is touched on
+each of its shards.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.core.routing import family_keys
+from app.db.rows import TemplateInfo
+from app.engine import Engine, RequestStats
+
+
+@dataclass(frozen=True)
+class WarmupResult:
+    template: str
+    num_prefix_tokens: int
+    num_cached_tokens: int  # of the prefix, cached after warming (what the next request reuses)
+    was_cached_tokens: int  # already cached before warming
+    elapsed_ms: float  # the warming request, start to end
+
+
+async def touch(engine: Engine, prefix_ids: Sequence[int], *, probe_id: int, key: str) -> RequestStats:
+    """Send ``prefix_ids`` + the probe token for one output token; returns the request's stats."""
+    stats = None
+    async with contextlib.aclosing(engine.stream([*prefix_ids, probe_id], max_tokens=1, routing_key=key)) as stream:
+        async for event in stream:
+            if isinstance(event, RequestStats):
+                stats = event
+    assert stats is not None, "engine.stream always ends with RequestStats"
+    return stats
+
+
+async def warm(engine: Engine, template: TemplateInfo, prefix_ids: Sequence[int], *, probe_id: int,
+               shards: int = 1) -> WarmupResult:
+    """Put ``template``'s prefix in the cache (on every shard of its family) and measure what is cached."""
+    started = time.perf_counter()
+    first = second = None
+    for key in family_keys(template.family, shards=shards):
+        first_here = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
+        first = first or first_here
+        second = await touch(engine, prefix_ids, probe_id=probe_id, key=key)
+    assert first is not None and second is not None
+    return WarmupResult(template=template.name, num_prefix_tokens=len(prefix_ids),
+                        num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
+                        elapsed_ms=round((time.perf_counter() - started) * 1000, 1))
+
+
+def probe_token(tokenizer) -> int:
+    eos = tokenizer.eos_token_id
+    return int(eos) if eos is not None else 0
+

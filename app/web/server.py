@@ -1,0 +1,328 @@
+"""Composes the process: settings → database → template catalog → engine → desk → one FastAPI app with
+the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
+
+Start-up order matters: the database and templates are checked before the (slow) engine starts,
+and every template must fit the model's context, so a bad setting fails fast with its name. Until
+every published template is warm, /healthz answers 503 "warming", so a load balancer sends the
+first customer to a server whose cache already holds the templates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from app import template_files
+from app.core.callers import ProxyTrust
+from app.core.catalog import TemplateCatalog
+from app.core.desk import Desk
+from app.core.limits import ClientLimiter
+from app.core.prompts import PromptBuilder, system_text
+from app.db import Database, open_database
+from app.db import templates as db_templates
+from app.engine import Engine, build_engine, resolve_model_path
+from app.settings import Settings, SettingsError
+from app.web.guards import RequestGuard
+from app.web.openai_api import build_openai_router
+
+if TYPE_CHECKING:
+    import gradio as gr
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    """The process-wide singletons, built once and handed to the UIs."""
+
+    settings: Settings
+    db: Database
+    engine: Engine
+    prompts: PromptBuilder
+    catalog: TemplateCatalog
+    desk: Desk
+    trust: ProxyTrust
+    ready: asyncio.Event | None = field(default=None)  # set once the templates are warm
+
+    def close(self) -> None:
+        self.engine.shutdown()
+        self.db.close()
+
+
+def build_services(settings: Settings, *, engine: Engine | None = None) -> Services:
+    """Open the database (seeding templates), check the templates fit the context, start the engine.
+
+    The templates are checked with the tokenizer alone, before the (slow) engine starts.
+    """
+    db = open_database(settings.database_url)
+    added = db.run(db_templates.seed, template_files.read_folder(settings.templates_dir))
+    if added:
+        log.info("seeded %d templates from %s", added, settings.templates_dir)
+    model = engine.info.model if engine else resolve_model_path(settings)
+    prompts = PromptBuilder(settings.tokenizer or model, max_model_len=settings.max_model_len,
+                            max_tokens=settings.max_tokens, drop_oldest_turns=settings.drop_oldest_turns,
+                            trust_remote_code=settings.trust_remote_code)
+    catalog = TemplateCatalog(db, prompts)
+    catalog.load()
+    _check_templates_fit(catalog, prompts, settings)
+    engine = engine or build_engine(settings, model)
+    limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
+    desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
+                tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
+                ignore_eos=settings.ignore_eos)
+    trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
+                       tenant_header=settings.tenant_header)
+    return Services(settings, db, engine, prompts, catalog, desk, trust)
+
+
+def create_app(services: Services) -> FastAPI:
+    # Gradio (and the console, which needs it) is imported here, not at module level, so that
+    # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
+    import gradio as gr
+
+    from app.console.access import ConsoleAccess
+    from app.console.context import build_console  # the web layer mounts the console here
+    from app.console.login import ConsoleGate, build_login_router
+    from app.console.operators import sync_settings_operator
+    from app.console.ui import CSS as CONSOLE_CSS
+    from app.console.ui import build_admin
+    from app.web.chat import CSS as CHAT_CSS
+    from app.web.chat import JS as CHAT_JS
+    from app.web.chat import build_chat
+    from app.web.chat_text import model_label
+
+    settings = services.settings
+    _preload_matplotlib()
+    app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
+    sync_settings_operator(services.db, settings)
+    access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
+                           language=settings.ui_language)
+    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
+                            catalog=services.catalog, access=access)
+    _lifespan(app, services)
+    _add_healthz(app, services)
+
+    async def console_open() -> bool:
+        from app.db import operators as db_operators
+
+        return await services.db.read(db_operators.any_active)
+
+    app.include_router(build_openai_router(services.desk, services.trust))
+    app.include_router(build_login_router(access, services.trust, console_open=console_open))
+    mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
+                 pwa=False, ssr_mode=False, blocked_paths=_blocked_paths(settings))
+    blocks = build_admin(console)
+    _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests)
+    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
+                        **mount)
+    chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
+                      browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
+                      model_name=model_label(settings.model, settings.ui_language))
+    _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests)
+    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb", **mount)
+    for mounted in (blocks, chat):
+        # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
+        # mounted ones must say so, or any server file named in an event's value would be served.
+        mounted.has_launched = True
+    app.add_middleware(ConsoleGate, access=access)
+    app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
+                       max_upload_bytes=settings.max_upload_mib << 20)
+    return app
+
+
+def _queue(blocks: gr.Blocks, max_size: int, at_once: int) -> None:
+    """Gradio's queue, running as many events at once as the engine takes answers. Gradio runs at most
+    ``max_threads`` events at once (40 unless launch() says otherwise, and a mounted app never launches),
+    concurrency limits or not: on a GPU that, not the engine, capped the chat at 40 answers in flight."""
+    blocks.max_threads = max(at_once, 40)
+    blocks.queue(default_concurrency_limit=None, max_size=max_size)
+
+
+def create_api_app(services: Services) -> FastAPI:
+    """Only ``/healthz`` and the OpenAI-compatible ``/v1``, with the same start-up (warmup, background
+    loops) and request guard as ``create_app``, and no chat or console: ``python -m app --api-only``.
+
+    It imports no Gradio, so it serves where Gradio is not installed (the benchmarks' GPU machine,
+    whose carried files cannot hold it); the /v1 handlers are the same objects as in the full app.
+    """
+    settings = services.settings
+    app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
+    _lifespan(app, services)
+    _add_healthz(app, services)
+    app.include_router(build_openai_router(services.desk, services.trust))
+    app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
+                       max_upload_bytes=settings.max_upload_mib << 20)
+    return app
+
+
+def serve(services: Services, app: FastAPI, *, reuse_port: bool = False) -> None:
+    """Run the web server until SIGINT/SIGTERM, then stop in-flight answers and close cleanly.
+
+    On a signal every answer in progress is aborted in the engine first, so each is stored as
+    ``stopped`` with its partial text; then the server stops and the engine shuts down.
+    """
+    import signal
+
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+            pass
+
+        @contextlib.contextmanager
+        def capture_signals(self):  # uvicorn >= 0.29 re-raises the signal after shutdown; we exit 0
+            yield
+
+    server = _Server(uvicorn_config(app, services.settings))
+
+    async def stop() -> None:
+        aborted = await services.engine.abort_all()
+        if aborted:
+            log.info("stopping %d answers in progress", aborted)
+            await asyncio.sleep(0.5)  # let each answer's handler store its partial text
+        server.should_exit = True
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
+        await server.serve(sockets=[_shared_socket(services.settings)] if reuse_port else None)
+
+    try:
+        asyncio.run(main())
+    finally:
+        services.close()
+
+
+def _shared_socket(settings: Settings):
+    """A listening socket that other web processes bind too: the kernel spreads connections over them."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((settings.host, settings.port))
+    sock.listen(2048)
+    return sock
+
+
+def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
+    """How uvicorn serves the app (tests serve it the same way)."""
+    import uvicorn
+
+    # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
+    # Forwarded headers are judged by app/core/callers.py against PREFIXDESK_TRUSTED_PROXIES: uvicorn
+    # would otherwise believe X-Forwarded-For from any local peer.
+    options = dict(host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
+                   proxy_headers=False, server_header=False, lifespan="on")
+    return uvicorn.Config(app, **(options | overrides))
+
+
+def _add_healthz(app: FastAPI, services: Services) -> None:
+    @app.get("/healthz")
+    async def healthz():
+        health = await services.engine.health()
+        ready = services.ready is not None and services.ready.is_set()
+        info = services.engine.info
+        reason = health.reason or ("" if ready else "warming the templates")
+        body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
+                "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
+                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
+                "restarting": services.engine.restarting}
+        if replicas := services.engine.replicas():
+            body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]
+        return JSONResponse(body, status_code=200 if body["ok"] else 503)
+
+
+def _lifespan(app: FastAPI, services: Services) -> None:
+    from app.core.background import background, warm_published
+    from app.core.warmup import probe_token
+
+    inner = app.router.lifespan_context
+
+    @contextlib.asynccontextmanager
+    async def lifespan(a):
+        services.ready = asyncio.Event()
+
+        async def warm_then_ready() -> None:
+            try:
+                if services.settings.warm_on_start:
+                    n = await warm_published(engine=services.engine, catalog=services.catalog,
+                                             probe_id=probe_token(services.prompts.tokenizer),
+                                             shards=services.settings.family_shards)
+                    log.info("warmed %d templates", n)
+            except Exception:  # a failed warmup costs the first customers a cold cache, not the server
+                log.exception("start-up warmup failed")
+            _freeze_heap()
+            services.ready.set()
+
+        warming = asyncio.create_task(warm_then_ready(), name="warm-on-start")
+        async with background(settings=services.settings, engine=services.engine, db=services.db,
+                              catalog=services.catalog, tokenizer=services.prompts.tokenizer), inner(a) as state:
+            yield state
+        warming.cancel()
+
+    app.router.lifespan_context = lifespan
+
+
+def _freeze_heap() -> None:
+    """Move everything alive after start-up (vLLM, torch, Gradio: millions of objects) out of the
+    garbage collector's reach. A full collection over that heap pauses the whole process — every
+    stream of every user — for most of a second; afterwards it only scans what requests allocate."""
+    gc.collect()
+    gc.freeze()
+
+
+def _preload_matplotlib() -> None:
+    """Gradio asks matplotlib for its backend in every event, and the first ask imports pyplot (half a
+    second) on the event loop, under the first customer's answer. Import it at start-up instead."""
+    try:
+        import matplotlib
+
+        matplotlib.use("agg")
+        import matplotlib.pyplot  # noqa: F401
+    except ImportError:  # Gradio skips matplotlib when it is not installed
+        pass
+
+
+def _blocked_paths(settings: Settings) -> list[str]:
+    """Paths Gradio must never serve: the data dir (database, keys, models) and the code."""
+    return [str(Path(settings.data_dir).resolve()), os.getcwd()]
+
+
+def _secret(settings: Settings, name: str) -> str:
+    """A random key kept in data_dir (0600), so it outlives restarts and is the same for every web process."""
+    path = Path(settings.data_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileExistsError):  # another web process made it first
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32))
+    for _ in range(50):
+        if key := path.read_text().strip():
+            return key
+        time.sleep(0.01)  # the other process has created the file but not written it yet
+    raise SettingsError(f"{path} is empty; delete it and start again")
+
+
+def _check_templates_fit(catalog: TemplateCatalog, prompts: PromptBuilder, settings: Settings) -> None:
+    limit = prompts.max_model_len - settings.max_tokens
+    for template in catalog.all():
+        n = len(prompts.prefix_ids(system_text(template.chain)))
+        if n > limit:
+            raise SettingsError(
+                f"PREFIXDESK_MAX_MODEL_LEN is {prompts.max_model_len}, but template {template.name!r} alone is "
+                f"{n} tokens and answers need {settings.max_tokens} more; raise PREFIXDESK_MAX_MODEL_LEN "
+                f"or lower PREFIXDESK_MAX_TOKENS"
+            )

