@@ -50,7 +50,7 @@ def pytest_terminal_summary(terminalreporter, config):
 @pytest.fixture(scope="session")
 def prepared(report):
     """The model folder `make demo-model` prepared in the configured data dir (a no-op re-check here)."""
-    from app.fetch_model import prepare_model
+    from app.engine.models.fetch import prepare_model
     from app.settings import load_settings
 
     data_dir = ROOT / load_settings().data_dir  # where `make demo-model` put it (PREFIXDESK_DATA_DIR or var/)
@@ -112,8 +112,8 @@ def engine(settings, report):
 
 @pytest.fixture(scope="session")
 def prompts(engine, settings):
+    from app.core.prompts import PromptBuilder
     from app.engine import resolve_model_path
-    from app.prompts import PromptBuilder
 
     return PromptBuilder(resolve_model_path(settings), max_model_len=settings.max_model_len,
                          max_tokens=settings.max_tokens, drop_oldest_turns=settings.drop_oldest_turns)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from app.core.prompts import common_prefix_len, system_text
 from app.engine import Delta, RequestStats
-from app.fetch_model import SOURCES, ChecksumMismatch, download_parts, join_parts, verify_file
-from app.model_aliases import ModelNotPrepared, resolve_alias
-from app.prompts import common_prefix_len, system_text
+from app.engine.models.aliases import ModelNotPrepared, resolve_alias
+from app.engine.models.fetch import SOURCES, ChecksumMismatch, download_parts, join_parts, verify_file
 from app.template_files import read_folder
 
 ROOT = Path(__file__).resolve().parents[2]

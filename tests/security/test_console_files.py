@@ -10,8 +10,8 @@ import json
 
 import httpx
 
-from attack import call_event, config
-from conftest import operator
+from tests.helpers.attack import call_event, config
+from tests.helpers.servers import operator
 
 ACCOUNT = ("op-files", "operator files 77")
 

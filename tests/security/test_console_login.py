@@ -15,7 +15,7 @@ import time
 
 import httpx
 
-from conftest import SecondServer
+from tests.helpers.servers import SecondServer
 
 OPERATOR = ("admin", "operator passphrase 9")  # the proxied server's PREFIXDESK_ADMIN_USER / _PASSWORD
 

@@ -15,7 +15,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from attack import call_event, config
+from tests.helpers.attack import call_event, config
 
 FILE_DATA = {"meta": {"_type": "gradio.FileData"}}
 MARKERS = ("root:x:0:0", "PREFIXDESK_", "SQLite format 3")

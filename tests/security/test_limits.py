@@ -39,7 +39,7 @@ def test_fresh_sessions_and_a_forged_forwarded_for_do_not_reset_the_rate_limit(l
 
 
 def test_one_client_cannot_hold_more_streams_than_its_share(limited, services, engine_loop, tmp_path):
-    from conftest import SecondServer
+    from tests.helpers.servers import SecondServer
 
     # A server of its own: the rate limit of the test above has used this address's minute.
     with SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=0, max_streams_per_client=2,

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from app.prompts import Turn, system_text
+from app.core.prompts import Turn, system_text
 
 HEALTH_LIMIT_MS = 100
 

@@ -12,7 +12,7 @@ import uuid
 import httpx
 from gradio_client import Client
 
-from conftest import SecondServer
+from tests.helpers.servers import SecondServer
 
 BODY = {"model": "support-en", "messages": [{"role": "user", "content": "Where is my parcel?"}], "max_tokens": 2}
 REFUSED = ("The tenant header 'x-tenant' is accepted only from the reverse proxy (PREFIXDESK_TRUSTED_PROXIES); "

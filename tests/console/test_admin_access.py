@@ -1,0 +1,109 @@
+"""Who may use the console: logins, sessions in the database, logout, expiry, and the per-client delay."""
+
+import time
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from app.console import operators
+from app.console.access import ConsoleAccess, LoginRefused, LoginThrottle
+from tests.helpers.servers import operator
+
+OPERATOR = ("op-access", "a long enough passphrase")
+
+
+class Clock:
+    """A clock the test moves by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_never_wait():
+    clock = Clock()
+    throttle = LoginThrottle(3, clock=clock)
+    for _ in range(3):  # the free attempts
+        assert throttle.wait_s("203.0.113.9") == 0
+        throttle.failed("203.0.113.9")
+    waits = []
+    for _ in range(5):
+        throttle.failed("203.0.113.9")
+        waits.append(throttle.wait_s("203.0.113.9"))
+    assert waits == [1, 2, 4, 8, 16]
+    assert throttle.wait_s("198.51.100.1") == 0  # the operator, from another address, never waits
+    for _ in range(20):
+        throttle.failed("203.0.113.9")
+    assert throttle.wait_s("203.0.113.9") == 300  # capped at five minutes
+    throttle.succeeded("203.0.113.9")
+    assert throttle.wait_s("203.0.113.9") == 0
+
+
+def login(url: str, password: str, **kwargs) -> httpx.Response:
+    return httpx.post(url + "admin/login", data={"username": OPERATOR[0], "password": password}, **kwargs)
+
+
+def test_login_opens_a_session_and_logout_in_the_same_browser_ends_it(server_url, services):
+    operator(services, *OPERATOR)
+    browser = httpx.Client()
+    r = browser.post(server_url + "admin/login", data={"username": OPERATOR[0], "password": OPERATOR[1]},
+                     headers={"Accept": "text/html"})
+    assert (r.status_code, r.headers["location"]) == (303, "/admin/")
+    cookie = r.headers["set-cookie"]
+    assert cookie.startswith("prefixdesk_console=") and "HttpOnly" in cookie and "SameSite=strict" in cookie
+    assert "Path=/admin" in cookie
+    assert browser.get(server_url + "admin/config").status_code == 200
+    other = httpx.Client()
+    assert other.post(server_url + "admin/login", data={"username": OPERATOR[0], "password": OPERATOR[1]}).json() \
+        == {"success": True}
+    r = browser.post(server_url + "admin/logout")
+    assert (r.status_code, r.headers["location"]) == (303, "/admin/login")
+    assert browser.get(server_url + "admin/config").status_code == 401  # this login ended ...
+    assert other.get(server_url + "admin/config").status_code == 200  # ... the other one did not
+
+
+def test_a_session_expires_after_its_ttl(services, aio):
+    operator(services, *OPERATOR)
+    access = ConsoleAccess(services.db, ttl_s=1, free_attempts=5)
+    token = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
+    assert aio(access.operator_of(token, fresh=True)) == OPERATOR[0]
+    time.sleep(1.1)
+    assert aio(access.operator_of(token, fresh=True)) is None
+
+
+def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_address(services, aio):
+    operator(services, *OPERATOR)
+    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2)
+    for _ in range(3):  # two free attempts, then the third failure costs a second
+        with pytest.raises(LoginRefused) as exc:
+            aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))
+        assert (str(exc.value), exc.value.status) == ("Wrong name or password.", 401)
+    with pytest.raises(LoginRefused) as exc:
+        aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))  # now it waits 1 s
+    assert (exc.value.status, exc.value.retry_after_s) == (429, 1)
+    assert str(exc.value) == "Too many failed logins from your address; try again in 1 s."
+    assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.12"))  # another address: fine
+    time.sleep(1.05)
+    assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))
+
+
+def test_a_disabled_operator_is_refused_at_the_next_click(server_url, services):
+    operator(services, "op-temp", "another long secret")
+    client = Client(server_url + "admin/", auth=("op-temp", "another long secret"), verbose=False)
+    assert client.predict(api_name="/templates")[0]["data"]  # logged in: it works
+    operators.disable(services.db, name="op-temp")
+    with pytest.raises(Exception):
+        client.predict(api_name="/templates")  # same cookie: refused by the gate or by the handler itself
+    assert httpx.get(server_url + "admin/config", cookies=client.cookies).status_code == 401
+
+
+def test_the_chat_session_cannot_call_the_console(server_url):
+    chat = httpx.Client()
+    chat.get(server_url)  # a customer's browser session on the chat
+    assert chat.get(server_url + "admin/config").status_code == 401
+    assert chat.get(server_url + "admin/config").json() == {"detail": "未登录：请打开 /admin/login。"}
+    with pytest.raises(ValueError):
+        Client(server_url + "admin/", verbose=False)

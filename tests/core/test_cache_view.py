@@ -1,0 +1,118 @@
+"""The cache view's numbers, from real requests stored in a fresh database."""
+
+import statistics
+import uuid
+from datetime import timedelta
+
+import pytest
+
+from app import template_files
+from app.core.background import CacheSampler
+from app.core.cache_view import read_cache_view
+from app.core.catalog import TemplateCatalog
+from app.core.desk import Finished
+from app.db import metrics as db_metrics
+from app.db import open_database
+from app.db import templates as db_templates
+from app.db.models import utcnow
+from tests.helpers.browser import console_page
+from tests.helpers.desks import desk_for
+from tests.helpers.servers import OUTPUT_DIR, collect, operator
+
+
+@pytest.fixture()
+def fresh_desk(services, tmp_path):
+    """The session engine and prompts with a database of their own, so every stored row is ours."""
+    db = open_database(f"sqlite:///{tmp_path / 'view.db'}")
+    db.run(db_templates.seed, template_files.read_folder(services.settings.templates_dir))
+    catalog = TemplateCatalog(db, services.prompts)
+    catalog.load()
+    yield desk_for(services, db=db, catalog=catalog, tenant_secret="view")
+    db.close()
+
+
+def ask(aio, desk, template, message, tenant=""):
+    events = aio(collect(desk.answer(session_key="view", client="192.0.2.30", template_name=template, message=message,
+                                     tenant=tenant, max_tokens=2, ignore_eos=True)))
+    assert isinstance(events[-1], Finished)
+    return events[-1].message
+
+
+def test_per_template_hit_rate_is_cached_over_prompt_tokens_of_the_stored_answers(fresh_desk, aio):
+    salt = uuid.uuid4().hex  # a tenant of its own: a namespace no other test has warmed
+    electronics = [ask(aio, fresh_desk, "电子产品", q, salt) for q in ("手机保修多久？", "屏幕碎了怎么办？", "电池能换吗？")]
+    english = [ask(aio, fresh_desk, "support-en", q, salt) for q in ("Where is my order?", "How do refunds work?")]
+    # First request of each template misses; the later ones reuse its 9 (12) prefix blocks of 32 tokens.
+    assert [m.num_cached_tokens for m in electronics] == [0, 288, 288]
+    assert [m.num_cached_tokens for m in english] == [0, 384]
+
+    usage = fresh_desk.db.run(db_metrics.template_usage)
+    assert set(usage) == {"电子产品", "support-en"}
+    for name, rows in (("电子产品", electronics), ("support-en", english)):
+        prompt = sum(m.prompt_tokens for m in rows)
+        cached = sum(m.num_cached_tokens for m in rows)
+        assert usage[name] == (len(rows), prompt, cached)
+
+    ttft = fresh_desk.db.run(db_metrics.ttft_split, since=utcnow() - timedelta(minutes=5))
+    rows = electronics + english
+    assert (ttft.num_hits, ttft.num_misses) == (3, 2)
+    assert ttft.hit_p50_ms == statistics.median(m.ttft_ms for m in rows if m.num_cached_tokens)
+    assert ttft.miss_p50_ms == statistics.median(m.ttft_ms for m in rows if not m.num_cached_tokens)
+
+
+def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
+    engine = fresh_desk.engine
+    ask(aio, fresh_desk, "电子产品", "包邮吗？", uuid.uuid4().hex)
+    engine.residency.wait_quiet()
+    view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
+    assert (view.num_blocks, view.block_size) == (engine.info.num_blocks, engine.info.block_size)
+    assert view.blocks_used == 0 and view.running == 0  # nothing runs between requests
+    assert view.blocks_used + view.blocks_free == view.num_blocks - 1
+    assert view.blocks_cached == engine.residency.num_cached_blocks()
+    assert view.hit_rate == view.hits / view.queries
+    assert view.memory.device == "cpu" and view.memory.kv_cache_bytes == 64 << 20
+    assert view.kv_events.missed_batches == 0
+
+    sampler = CacheSampler(engine=engine, db=fresh_desk.db, interval_s=2, retention_h=1)
+    started = utcnow()
+    aio(sampler.tick())
+    [row] = fresh_desk.db.run(db_metrics.samples_since, since=started)
+    assert (row.blocks_used, row.running) == (0, 0)
+    assert row.blocks_cached == engine.residency.num_cached_blocks()
+    assert row.memory_bytes > 0 and 0 <= row.recent_hit_rate <= 1
+
+
+CACHE_OPERATOR = ("op-cache", "cache view secret 7")
+
+
+def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services, aio, server_url, browser):
+    # services before browser: an AsyncLLM built while Playwright's loop is current binds to that loop.
+    import time
+
+    account = operator(services, *CACHE_OPERATOR)
+    for template, question in (("电子产品", "手机保修多久？"), ("服装鞋包", "尺码不合适能换吗？"),
+                               ("电子产品", "屏幕碎了怎么办？")):
+        ask(aio, services.desk, template, question)
+    deadline = time.monotonic() + 30
+    while len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) < 3:
+        assert time.monotonic() < deadline, "the sampler wrote no samples"
+        time.sleep(0.5)
+
+    page = console_page(browser, server_url, account, width=1500, height=1300)
+    page.get_by_role("tab", name="缓存").click()
+    page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
+    page.locator("#cache-templates").get_by_text("9 / 9").first.wait_for(timeout=30_000)  # 电子产品 resident
+    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # the tree agrees
+    for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
+        page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
+    time.sleep(1)  # let the plots draw before the picture
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view.png"), full_page=True)
+
+    page.locator("#reset-cache").click()
+    page.locator("#reset-cache-confirm").click()
+    page.locator("#reset-status").get_by_text("前缀缓存已重置").wait_for(timeout=30_000)
+    page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=30_000)
+    page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
+    page.close()

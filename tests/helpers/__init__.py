@@ -1,0 +1,1 @@
+"""What tests of every layer share: servers, waiting, desks, the browser and the raw Gradio queue."""

@@ -1,0 +1,120 @@
+"""Debian's chromium for the browser tests, and what they check on every page: nothing wider than the screen, no two visible controls on
+top of each other, the controls that matter above the fold — and a screenshot at each width."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tests.helpers.servers import OUTPUT_DIR
+
+CHROMIUM = "/usr/bin/chromium"
+# Without the background-networking flags chromium keeps dialling out, and this machine refuses it.
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+DESKTOP = {"width": 1366, "height": 768}
+PHONE = {"width": 390, "height": 844}
+VIEWPORTS = {"desktop": DESKTOP, "phone": PHONE}
+
+# Controls, the chatbot, its messages and captions, and Gradio's progress texts (the "1.2s" timer):
+# what the issue reported drawn over each other.
+SELECTOR = ", ".join([
+    "button", "input:not([type=hidden])", "textarea", "select", "#chatbot", "#chatbot .message-content",
+    "#chatbot .thought-group .title", "[data-testid=status-tracker] .meta-text",
+    "[data-testid=status-tracker] .meta-text-center", "[data-testid=status-tracker] .progress-text",
+])
+
+# An element counts where it is drawn: its box cut to the screen's width and to every ancestor that clips
+# (a message scrolled out of the chatbot is not over the message box), and only if a tap at its centre
+# reaches it (nothing under an overlay, e.g. a closed sidebar or an open one on a phone).
+LAYOUT_JS = """
+(selector) => {
+  const drawn = (el) => {
+    const r = el.getBoundingClientRect();
+    let box = {l: Math.max(r.left, 0), t: r.top, r: Math.min(r.right, innerWidth), b: r.bottom};
+    for (let a = el.parentElement; a; a = a.parentElement) {
+      const s = getComputedStyle(a);
+      if (s.overflowX !== 'visible' || s.overflowY !== 'visible') {
+        const q = a.getBoundingClientRect();
+        box = {l: Math.max(box.l, q.left), t: Math.max(box.t, q.top), r: Math.min(box.r, q.right),
+               b: Math.min(box.b, q.bottom)};
+      }
+    }
+    return box;
+  };
+  const visible = (el) => {
+    const s = getComputedStyle(el);
+    if (s.visibility === 'hidden' || s.display === 'none') return false;
+    for (let a = el; a; a = a.parentElement) if (parseFloat(getComputedStyle(a).opacity) === 0) return false;
+    const b = drawn(el);
+    if (b.r - b.l < 1 || b.b - b.t < 1) return false;
+    const y = (b.t + b.b) / 2;
+    if (y < 0 || y > innerHeight) return true;  // off screen vertically: a scroll away, judged by its box
+    const hit = document.elementFromPoint((b.l + b.r) / 2, y);
+    return !!hit && (el.contains(hit) || hit.contains(el));
+  };
+  const name = (el) => {
+    if (el.id) return '#' + el.id;
+    const classes = typeof el.className === 'string'
+      ? el.className.split(/\\s+/).filter(c => c && !c.startsWith('svelte')).map(c => '.' + c).join('') : '';
+    const label = el.getAttribute('aria-label') || (el.innerText || '').trim();
+    const owner = el.closest('[id]');
+    return `${owner ? '#' + owner.id + ' ' : ''}${el.tagName.toLowerCase()}${classes} "${label.slice(0, 24)}"`;
+  };
+  const els = [...document.querySelectorAll(selector)].filter(visible);
+  const overlaps = [];
+  for (let i = 0; i < els.length; i++) for (let j = i + 1; j < els.length; j++) {
+    const a = els[i], b = els[j];
+    if (a.contains(b) || b.contains(a)) continue;
+    const p = drawn(a), q = drawn(b);
+    const w = Math.min(p.r, q.r) - Math.max(p.l, q.l), h = Math.min(p.b, q.b) - Math.max(p.t, q.t);
+    if (w >= 1 && h >= 1) overlaps.push([name(a), name(b), Math.round(w), Math.round(h)]);
+  }
+  return {scrollWidth: document.scrollingElement.scrollWidth, controls: els.map(name), overlaps};
+}
+"""
+
+
+@dataclass(frozen=True)
+class Layout:
+    scroll_width: int
+    controls: list[str]  # the visible ones, named
+    overlaps: list[list]  # [name a, name b, overlap width px, overlap height px]
+
+
+def layout(page) -> Layout:
+    r = page.evaluate(LAYOUT_JS, SELECTOR)
+    return Layout(r["scrollWidth"], r["controls"], r["overlaps"])
+
+
+def assert_tidy(page) -> Layout:
+    """No horizontal scrolling and no two visible controls overlapping; returns the layout."""
+    seen = layout(page)
+    assert seen.scroll_width <= page.viewport_size["width"], f"page is {seen.scroll_width} px wide"
+    assert seen.overlaps == [], f"overlapping controls: {seen.overlaps}"
+    return seen
+
+
+def above_the_fold(page, selector: str) -> bool:
+    """Whether the element is wholly on the first screen, without scrolling."""
+    box = page.locator(selector).bounding_box()
+    size = page.viewport_size
+    return (box is not None and box["x"] >= 0 and box["y"] >= 0 and box["x"] + box["width"] <= size["width"]
+            and box["y"] + box["height"] <= size["height"])
+
+
+def screenshot(page, name: str) -> None:
+    """test-output/<name>-<width>.png, the whole page."""
+    OUTPUT_DIR.mkdir(exist_ok=True)
+    page.screenshot(path=str(OUTPUT_DIR / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
+
+
+def console_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900):
+    """A browser page logged in to the console through its login page."""
+    page = browser.new_page(viewport={"width": width, "height": height})
+    page.goto(server_url + "admin")
+    page.locator("#username").fill(account[0])
+    page.locator("#password").fill(account[1])
+    page.locator("button[type=submit]").click()
+    page.wait_for_url(server_url + "admin/")
+    page.locator("#templates-table").wait_for(timeout=60_000)
+    return page

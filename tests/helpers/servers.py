@@ -1,0 +1,180 @@
+"""Real servers and settings for tests: free ports, the app in a child process, a second app on the
+session's engine, and the small helpers every layer's tests share."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_for(data_dir: Path, **overrides):
+    """Settings for a test: nothing from the environment, everything under ``data_dir``."""
+    from app.settings import load_settings
+
+    values = dict(
+        data_dir=str(data_dir),
+        templates_dir=str(ROOT / "templates"),
+        kv_cache_mib=64,
+        max_tokens=48,
+        max_model_len=2048,
+        port=free_port(),
+        # Every test client connects from 127.0.0.1: per-client limits are tested on desks of their own.
+        rate_limit_per_minute=0,
+        max_streams_per_client=0,
+        keep_warm_interval_s=0,
+    )
+    values.update(overrides)
+    return load_settings(environ={}, **values)
+
+
+def full_blocks(n_tokens: int, block_size: int) -> int:
+    """Tokens of ``n_tokens`` that fill whole KV blocks: what a prefix cache can hold of them."""
+    return n_tokens // block_size * block_size
+
+
+def operator(services, name: str, password: str) -> tuple[str, str]:
+    """An operator account in the session database (created or reset)."""
+    from app.console import operators
+
+    operators.set_password(services.db, name=name, password=password)
+    return name, password
+
+
+def start_services(settings):
+    """build_services in a thread of its own: vLLM's AsyncLLM attaches to any event loop running in
+    the thread that creates it (Playwright's sync API keeps one in the main thread), and this one
+    must attach to the engine loop on its first request instead."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from app.web.server import build_services
+
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(build_services, settings).result()
+
+
+async def collect(stream) -> list:
+    return [event async for event in stream]
+
+
+class AppProcess:
+    """``python -m app`` as a child process, as an operator would start it."""
+
+    def __init__(self, env: dict[str, str]):
+        import subprocess
+        import sys
+
+        self.env = env
+        self.port = int(env["PREFIXDESK_PORT"])
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.log_path = Path(env["PREFIXDESK_DATA_DIR"]) / f"server-{self.port}.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")
+        # A process group of its own (stop() kills the whole tree with it), but the test's session, not a new
+        # one: Linux's autogroup scheduler gives each session a group of its own that shares the CPU with the
+        # others as a whole. In its own session, a server streaming answers on a busy 2-core machine took
+        # both cores, and the test's process, its gradio_client threads and its watcher subprocess stood
+        # runnable but unscheduled for 10-40 s at a time: requests meant to run at once reached the server
+        # one after another, and a signal meant for answers in progress came after they had ended.
+        self.proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env,
+                                     stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        import time
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+
+    def stop(self, sig=None, timeout: float = 60) -> int:
+        import os
+        import signal
+
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig or signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except Exception:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        # A worker whose engine process was killed can outlive the server for a while, spinning on
+        # the core the next engine binds to; the server's process group takes it along.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self._log.close()
+        return self.proc.returncode
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-4000:]
+
+
+def app_env(data_dir: Path, **settings) -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
+    env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_PORT": str(free_port()),
+                "PREFIXDESK_KV_CACHE_MIB": "64", "PREFIXDESK_MAX_TOKENS": "48",
+                "PREFIXDESK_MAX_MODEL_LEN": "2048", "GRADIO_ANALYTICS_ENABLED": "False",
+                "PYTHONUNBUFFERED": "1"})
+    env.update({f"PREFIXDESK_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+class SecondServer:
+    """Another app on the session's engine (no second engine start): its own data dir and settings,
+    served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
+
+    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, **overrides):
+        self.settings = settings_for(data_dir, **overrides)
+        self.base = services
+        self.loop = loop
+        self.services = None
+        self._server = None
+        self._future = None
+
+    def __enter__(self) -> str:
+        import time
+        from concurrent.futures import ThreadPoolExecutor
+
+        import uvicorn
+
+        from app.web.server import build_services, create_app, uvicorn_config
+
+        with ThreadPoolExecutor(1) as pool:
+            self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
+        self._server = uvicorn.Server(uvicorn_config(create_app(self.services), self.settings,
+                                                     timeout_graceful_shutdown=2))
+        self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
+        deadline = time.monotonic() + 60
+        while not self._server.started or not (self.services.ready and self.services.ready.is_set()):
+            if self._future.done():
+                self._future.result()
+            assert time.monotonic() < deadline, "second server did not start in 60 s"
+            time.sleep(0.05)
+        return f"http://127.0.0.1:{self.settings.port}/"
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._future.result(timeout=30)
+        self.services.db.close()  # the engine is the session's: it stays
