@@ -69,10 +69,10 @@ def test_the_chat_serves_none_of_the_consoles_files(server_url, services):
     uploaded = httpx.post(server_url + "admin/gradio_api/upload", cookies=cookies,
                           files={"files": ("internal.txt", "name: x\n---\ninternal text\n".encode())}).json()[0]
     for path in (exported["support-en.txt"], uploaded):
-        assert Path(path).parent.parent.name.startswith("prefixdesk-console-"), path  # a folder of the console's own
+        for route in ("gradio_api/file=", "file=", "gradio_api/file/"):
+            r = httpx.get(server_url + route + path)
+            assert (route, r.status_code, r.text) == (route, 404, '{"detail":"Not Found"}')
         own = httpx.get(server_url + "admin/gradio_api/file=" + path, cookies=cookies)
         assert own.status_code == 200 and own.content == Path(path).read_bytes()
         assert httpx.get(server_url + "admin/gradio_api/file=" + path).status_code == 401
-        for route in ("gradio_api/file=", "file=", "gradio_api/file/"):
-            r = httpx.get(server_url + route + path)
-            assert (route, r.status_code, r.json()) == (route, 404, {"detail": "Not Found"})
+        assert Path(path).parent.parent.name.startswith("prefixdesk-console-"), path  # a folder of the console's own
