@@ -5,20 +5,27 @@ token in one HttpOnly, SameSite=Strict cookie; the database keeps only its SHA-2
 operator and an expiry, so sessions work across web processes and survive restarts, and logging
 out, disabling the operator or the TTL ends them everywhere. Every console handler calls
 ``require`` (a hidden component is not access control), which reads that one cookie by its exact
-name. Passwords are hashed on threads, a few at a time.
+name.
 
 Guessing is throttled per client address, never per account: after ``free_attempts`` failures a
-client waits 1 s before its next try, then 2, 4, … up to 5 minutes, and nothing a stranger does
-makes the operator wait.
+client waits 1 s before its next try, then 2, 4, … up to 5 minutes. An attempt counts as a failure
+as soon as it is let in, before its password is hashed (a burst of concurrent guesses gets exactly
+the free attempts hashed), and is forgiven when it succeeds. Passwords are hashed on threads, a few
+at a time, shared fairly: each address has at most one check hashing, and the addresses with checks
+waiting take turns, so no stranger's traffic — one address's or many — keeps the operator out; a
+flood from N addresses costs the operator at most N turns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import hashlib
+import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -34,7 +41,6 @@ SESSION_CACHE_S = 5.0  # a process re-reads a session from the database at most 
 BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
 HASH_CONCURRENCY = 2  # scrypt checks at once (16 MiB and ~50 ms of a core each)
-MAX_WAITING_CHECKS = 16  # beyond this many logins in line, answer "try again" without hashing
 
 
 class LoginRefused(PermissionError):
@@ -48,40 +54,114 @@ class LoginRefused(PermissionError):
 
 @dataclass
 class _Failures:
-    count: int = 0
+    count: int = 0  # failed attempts, and those let in and not yet checked
+    checking: int = 0  # attempts let in whose check has not finished
     next_try_at: float = 0.0
 
 
 class LoginThrottle:
-    """Exponential delay per client address after ``free_attempts`` failed logins."""
+    """Exponential delay per client address once it has used ``free_attempts`` attempts without success.
+
+    ``admit`` counts an attempt as failed before it is checked; ``finished`` sets the wait when its check
+    failed, or forgets the address when it succeeded.
+    """
 
     def __init__(self, free_attempts: int, clock: Callable[[], float] = time.monotonic):
         self.free_attempts = free_attempts
         self._clock = clock
         self._clients: dict[str, _Failures] = {}
 
+    def admit(self, client: str) -> float:
+        """Let an attempt in (0.0, counted as failed until it succeeds), or the seconds to wait before the next."""
+        f = self._clients.get(client)
+        if f is not None:
+            if f.checking and f.count >= self.free_attempts:  # its earlier tries are still being checked
+                return self._delay_s(f.count)
+            if (wait_s := f.next_try_at - self._clock()) > 0:
+                return wait_s
+        self._prune()
+        f = self._clients.setdefault(client, _Failures())
+        f.count += 1
+        f.checking += 1
+        return 0.0
+
+    def finished(self, client: str, *, ok: bool) -> None:
+        f = self._clients.get(client)
+        if f is None:
+            return
+        if ok:
+            del self._clients[client]
+            return
+        f.checking -= 1
+        f.next_try_at = max(f.next_try_at, self._clock() + self._delay_s(f.count))
+
     def wait_s(self, client: str) -> float:
         """Seconds ``client`` must wait before its next attempt (0: it may try now)."""
         f = self._clients.get(client)
         return 0.0 if f is None else max(0.0, f.next_try_at - self._clock())
 
-    def failed(self, client: str) -> None:
-        self._prune()
-        f = self._clients.setdefault(client, _Failures())
-        f.count += 1
-        over = f.count - self.free_attempts
-        f.next_try_at = self._clock() + (min(BASE_DELAY_S * 2 ** (over - 1), MAX_DELAY_S) if over > 0 else 0.0)
-
-    def succeeded(self, client: str) -> None:
-        self._clients.pop(client, None)
-
     def num_clients(self) -> int:
         return len(self._clients)
 
+    def _delay_s(self, failures: int) -> float:
+        over = failures - self.free_attempts
+        return 0.0 if over < 0 else min(BASE_DELAY_S * 2 ** over, MAX_DELAY_S)
+
     def _prune(self) -> None:
         cutoff = self._clock() - 2 * MAX_DELAY_S
-        for client in [c for c, f in self._clients.items() if f.next_try_at < cutoff]:
+        for client in [c for c, f in self._clients.items() if not f.checking and f.next_try_at < cutoff]:
             del self._clients[client]
+
+
+class FairHashing:
+    """``capacity`` password checks at once, shared by client address: an address has at most one check
+    running, and when a slot frees the next address in line gets it, then goes to the back of the line."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._running: set[str] = set()
+        self._waiting: collections.OrderedDict[str, collections.deque[asyncio.Future]] = collections.OrderedDict()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, client: str) -> AsyncIterator[None]:
+        """Wait for ``client``'s turn, hold a slot for the block."""
+        turn = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(client, collections.deque()).append(turn)
+        self._dispatch()
+        try:
+            await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():  # the slot was given just as the waiter left
+                self._release(client)
+            else:
+                self._forget(client, turn)
+            raise
+        try:
+            yield
+        finally:
+            self._release(client)
+
+    def _dispatch(self) -> None:
+        while len(self._running) < self._capacity:
+            client = next((c for c in self._waiting if c not in self._running), None)
+            if client is None:
+                return
+            queue = self._waiting.pop(client)
+            queue.popleft().set_result(None)
+            self._running.add(client)
+            if queue:
+                self._waiting[client] = queue  # its next check waits at the back of the line
+
+    def _release(self, client: str) -> None:
+        self._running.discard(client)
+        self._dispatch()
+
+    def _forget(self, client: str, turn: asyncio.Future) -> None:
+        queue = self._waiting.get(client)
+        if queue is not None and turn in queue:
+            queue.remove(turn)
+            if not queue:
+                del self._waiting[client]
 
 
 class ConsoleAccess:
@@ -90,30 +170,25 @@ class ConsoleAccess:
         self.ttl_s = ttl_s
         self.language = language
         self.throttle = LoginThrottle(free_attempts)
-        self._hashing = asyncio.Semaphore(HASH_CONCURRENCY)
-        self._waiting = 0
+        self._hashing = FairHashing(HASH_CONCURRENCY)
         self._cache: dict[str, tuple[str | None, float]] = {}  # token hash -> (operator, valid until, monotonic)
 
     async def login(self, *, name: str, password: str, client: str) -> str:
         """A new session token for ``name``; raises LoginRefused (with when to try again)."""
-        wait_s = self.throttle.wait_s(client)
+        wait_s = self.throttle.admit(client)
         if wait_s > 0:
-            raise LoginRefused(f"Too many failed logins from your address; try again in {wait_s:.0f} s.",
-                               status=429, retry_after_s=int(wait_s) + 1)
-        if self._waiting >= MAX_WAITING_CHECKS:
-            raise LoginRefused("The console is checking many logins at once; try again in a few seconds.",
-                               status=429, retry_after_s=2)
-        self._waiting += 1
+            retry_s = math.ceil(wait_s)
+            raise LoginRefused(f"Too many failed logins from your address; try again in {retry_s} s.",
+                               status=429, retry_after_s=retry_s)
+        ok = False
         try:
-            async with self._hashing:
+            async with self._hashing.turn(client):
                 stored = await self.db.read(db_operators.password_hash, name=name)
                 ok = await asyncio.to_thread(verify_password, password, stored)
         finally:
-            self._waiting -= 1
+            self.throttle.finished(client, ok=ok)
         if not ok:
-            self.throttle.failed(client)
             raise LoginRefused("Wrong name or password.")
-        self.throttle.succeeded(client)
         token = secrets.token_urlsafe(32)
         await self.db.write(db_operators.open_session, token_hash=_hash(token), operator=name,
                             expires_at=utcnow() + timedelta(seconds=self.ttl_s), client=client)

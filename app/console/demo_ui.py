@@ -15,6 +15,7 @@ import pandas as pd
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.core.demo import ABRounds, cold_vs_warm, customer_questions, run_ab_rounds
 
 AB_MAX_TOKENS = 16
@@ -42,7 +43,8 @@ def build_demo_tab(console: Console):
                                      prompt=r.warm.prompt_tokens)
         headline = t["demo_speedup"].format(x=f"{r.speedup:.1f}", cold=f"{r.cold.ttft_ms:.0f}",
                                             warm=f"{r.warm.ttft_ms:.0f}")
-        return headline, f"#### {t['demo_cold']}\n{cold}\n\n{r.cold_text}", f"#### {t['demo_warm']}\n{warm}\n\n{r.warm_text}"
+        return (headline, f"#### {t['demo_cold']}\n{cold}\n\n{literal(r.cold_text)}",
+                f"#### {t['demo_warm']}\n{warm}\n\n{literal(r.warm_text)}")
 
     async def run_ab(template: str, rounds: float, per_round: float, request: gr.Request):
         await access.require(request)

@@ -13,6 +13,7 @@ from app.console.cache_ui import build_cache_tab
 from app.console.context import Console
 from app.console.demo_ui import build_demo_tab
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.console.templates_ui import build_templates_tab
 from app.console.warmup_ui import build_warmup_tab
 from app.db import audit as db_audit
@@ -36,7 +37,7 @@ def build_admin(console: Console) -> gr.Blocks:
     t, access = console.text, console.access
 
     async def who(request: gr.Request):
-        return t["logged_in_as"].format(user=await access.require(request))
+        return t["logged_in_as"].format(user=literal(await access.require(request)))
 
     async def audit_rows(request: gr.Request):
         await access.require(request)

@@ -10,6 +10,7 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.core.cache_view import template_residency
 from app.core.routing import family_keys
 from app.core.warmup import touch, warm
@@ -39,7 +40,7 @@ def build_warmup_tab(console: Console):
         rows: list[list] = []
         started = time.perf_counter()
         for i, template in enumerate(targets, 1):
-            yield t["warm_progress"].format(name=template.name, i=i, n=len(targets)), rows
+            yield t["warm_progress"].format(name=literal(template.name), i=i, n=len(targets)), rows
             r = await warm(console.engine, template, catalog.prefix_ids(template.name), probe_id=console.probe_id,
                            shards=console.settings.family_shards)
             await console.db.write(db_audit.record, user=user, action="warmup", target=r.template,

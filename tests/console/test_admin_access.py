@@ -27,19 +27,40 @@ def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_n
     clock = Clock()
     throttle = LoginThrottle(3, clock=clock)
     for _ in range(3):  # the free attempts
-        assert throttle.wait_s("203.0.113.9") == 0
-        throttle.failed("203.0.113.9")
+        assert throttle.admit("203.0.113.9") == 0
+        throttle.finished("203.0.113.9", ok=False)
     waits = []
     for _ in range(5):
-        throttle.failed("203.0.113.9")
-        waits.append(throttle.wait_s("203.0.113.9"))
+        waits.append(throttle.admit("203.0.113.9"))  # refused: how long to wait
+        clock.now += waits[-1]
+        assert throttle.admit("203.0.113.9") == 0
+        throttle.finished("203.0.113.9", ok=False)
     assert waits == [1, 2, 4, 8, 16]
-    assert throttle.wait_s("198.51.100.1") == 0  # the operator, from another address, never waits
+    assert throttle.admit("198.51.100.1") == 0  # the operator, from another address, never waits
+    throttle.finished("198.51.100.1", ok=True)
     for _ in range(20):
-        throttle.failed("203.0.113.9")
+        clock.now += throttle.admit("203.0.113.9")
+        throttle.admit("203.0.113.9")
+        throttle.finished("203.0.113.9", ok=False)
     assert throttle.wait_s("203.0.113.9") == 300  # capped at five minutes
-    throttle.succeeded("203.0.113.9")
-    assert throttle.wait_s("203.0.113.9") == 0
+    clock.now += 300
+    assert throttle.admit("203.0.113.9") == 0
+    throttle.finished("203.0.113.9", ok=True)  # a success forgives every failure
+    assert (throttle.wait_s("203.0.113.9"), throttle.num_clients()) == (0, 0)
+
+
+def test_attempts_count_as_failures_before_they_are_checked():
+    clock = Clock()
+    throttle = LoginThrottle(3, clock=clock)
+    admitted = [throttle.admit("203.0.113.7") for _ in range(8)]  # a burst: none of them checked yet
+    assert admitted == [0, 0, 0, 1, 1, 1, 1, 1]  # the free attempts; the rest wait for their checks, then 1 s
+    for _ in range(3):
+        throttle.finished("203.0.113.7", ok=False)
+    assert throttle.wait_s("203.0.113.7") == 1
+    clock.now += 1
+    assert throttle.admit("203.0.113.7") == 0
+    throttle.finished("203.0.113.7", ok=True)
+    assert throttle.admit("203.0.113.7") == 0  # forgiven
 
 
 def login(url: str, password: str, **kwargs) -> httpx.Response:
@@ -77,7 +98,7 @@ def test_a_session_expires_after_its_ttl(services, aio):
 def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_address(services, aio):
     operator(services, *OPERATOR)
     access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2)
-    for _ in range(3):  # two free attempts, then the third failure costs a second
+    for _ in range(2):  # two free attempts, then the next try waits a second
         with pytest.raises(LoginRefused) as exc:
             aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))
         assert (str(exc.value), exc.value.status) == ("Wrong name or password.", 401)

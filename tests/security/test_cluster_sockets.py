@@ -75,13 +75,13 @@ def test_a_stranger_subscribing_to_the_kv_events_gets_nothing_while_the_app_sees
         time.sleep(1.0)  # a ZMQ subscriber misses what is published before it is connected
         prompt = [uuid.uuid4().int % 3000 + 100] + list(range(300, 395))  # 96 tokens: 2 full blocks and a tail
         assert completion(replica, prompt, **BEARER).status_code == 200
-        assert app_mirror.wait_quiet(0.5, 15)
-        assert app_mirror.match(prompt).resident_blocks == 2
         deadline, received = time.monotonic() + 5, []
         while time.monotonic() < deadline:
             if stranger.poll(100):
                 received.append(msgspec.msgpack.decode(stranger.recv_multipart()[-1]))
         assert received == []
+        assert app_mirror.wait_quiet(0.5, 15)
+        assert app_mirror.match(prompt).resident_blocks == 2
     finally:
         stranger.close(linger=0)
         app_mirror.close()
