@@ -11,17 +11,17 @@ Guessing is throttled per client address, never per account: after ``free_attemp
 client waits 1 s before its next try, then 2, 4, … up to 5 minutes. An attempt counts as a failure
 as soon as it is let in, before its password is hashed (a burst of concurrent guesses gets exactly
 the free attempts hashed), and is forgiven when it succeeds. Passwords are hashed on threads, a few
-at a time, shared fairly: each address has at most one check hashing, and the addresses with checks
-waiting take turns, so no stranger's traffic — one address's or many — keeps the operator out; a
-flood from N addresses costs the operator at most N turns.
+at a time, shared fairly: each address has at most one check hashing, and a free slot goes to the
+address that has failed least, so no stranger's traffic — one address's or many — keeps the operator
+out or makes them wait behind guesses.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import hashlib
+import itertools
 import math
 import secrets
 import time
@@ -95,6 +95,11 @@ class LoginThrottle:
         f.checking -= 1
         f.next_try_at = max(f.next_try_at, self._clock() + self._delay_s(f.count))
 
+    def failures(self, client: str) -> int:
+        """Attempts of ``client`` that failed or are being checked."""
+        f = self._clients.get(client)
+        return 0 if f is None else f.count
+
     def wait_s(self, client: str) -> float:
         """Seconds ``client`` must wait before its next attempt (0: it may try now)."""
         f = self._clients.get(client)
@@ -115,26 +120,29 @@ class LoginThrottle:
 
 class FairHashing:
     """``capacity`` password checks at once, shared by client address: an address has at most one check
-    running, and when a slot frees the next address in line gets it, then goes to the back of the line."""
+    running, and a free slot goes to the waiting check whose address has failed least (``rank``), the
+    earliest first among equals. The operator's address, with no failures, goes before every address that
+    keeps guessing: a flood delays it by at most the checks running and the first tries of fresh addresses."""
 
     def __init__(self, capacity: int):
         self._capacity = capacity
         self._running: set[str] = set()
-        self._waiting: collections.OrderedDict[str, collections.deque[asyncio.Future]] = collections.OrderedDict()
+        self._waiting: list[tuple[int, int, str, asyncio.Future]] = []  # (rank, arrival, client, turn)
+        self._arrivals = itertools.count()
 
     @contextlib.asynccontextmanager
-    async def turn(self, client: str) -> AsyncIterator[None]:
-        """Wait for ``client``'s turn, hold a slot for the block."""
-        turn = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(client, collections.deque()).append(turn)
+    async def turn(self, client: str, *, rank: int) -> AsyncIterator[None]:
+        """Wait for ``client``'s turn (``rank``: its failures before this attempt), hold a slot for the block."""
+        entry = (rank, next(self._arrivals), client, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
         self._dispatch()
         try:
-            await turn
+            await entry[3]
         except asyncio.CancelledError:
-            if turn.done() and not turn.cancelled():  # the slot was given just as the waiter left
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            elif client in self._running:  # the slot was given just as the waiter left
                 self._release(client)
-            else:
-                self._forget(client, turn)
             raise
         try:
             yield
@@ -143,25 +151,17 @@ class FairHashing:
 
     def _dispatch(self) -> None:
         while len(self._running) < self._capacity:
-            client = next((c for c in self._waiting if c not in self._running), None)
-            if client is None:
+            ready = [e for e in self._waiting if e[2] not in self._running and not e[3].done()]  # done: cancelled
+            if not ready:
                 return
-            queue = self._waiting.pop(client)
-            queue.popleft().set_result(None)
-            self._running.add(client)
-            if queue:
-                self._waiting[client] = queue  # its next check waits at the back of the line
+            entry = min(ready, key=lambda e: e[:2])
+            self._waiting.remove(entry)
+            self._running.add(entry[2])
+            entry[3].set_result(None)
 
     def _release(self, client: str) -> None:
         self._running.discard(client)
         self._dispatch()
-
-    def _forget(self, client: str, turn: asyncio.Future) -> None:
-        queue = self._waiting.get(client)
-        if queue is not None and turn in queue:
-            queue.remove(turn)
-            if not queue:
-                del self._waiting[client]
 
 
 class ConsoleAccess:
@@ -182,7 +182,7 @@ class ConsoleAccess:
                                status=429, retry_after_s=retry_s)
         ok = False
         try:
-            async with self._hashing.turn(client):
+            async with self._hashing.turn(client, rank=self.throttle.failures(client) - 1):
                 stored = await self.db.read(db_operators.password_hash, name=name)
                 ok = await asyncio.to_thread(verify_password, password, stored)
         finally:

@@ -1,5 +1,6 @@
 """Who may use the console: logins, sessions in the database, logout, expiry, and the per-client delay."""
 
+import asyncio
 import time
 
 import httpx
@@ -128,3 +129,28 @@ def test_the_chat_session_cannot_call_the_console(server_url):
     assert chat.get(server_url + "admin/config").json() == {"detail": "未登录：请打开 /admin/login。"}
     with pytest.raises(ValueError):
         Client(server_url + "admin/", verbose=False)
+
+
+def test_a_free_hashing_slot_goes_to_the_address_that_failed_least(aio):
+    from app.console.access import FairHashing
+
+    hashing = FairHashing(1)
+    order: list[str] = []
+
+    async def check(client: str, rank: int, started: asyncio.Event | None = None):
+        async with hashing.turn(client, rank=rank):
+            order.append(client)
+            if started:
+                started.set()
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        started = asyncio.Event()
+        first = asyncio.create_task(check("guesser", 3, started))
+        await started.wait()  # "guesser" holds the only slot; then the line forms
+        rest = [asyncio.create_task(check(c, r)) for c, r in (("guesser", 4), ("flood-a", 1), ("flood-b", 0),
+                                                               ("operator", 0), ("flood-a", 2))]
+        await asyncio.gather(first, *rest)
+
+    aio(scenario())
+    assert order == ["guesser", "flood-b", "operator", "flood-a", "flood-a", "guesser"]

