@@ -34,6 +34,7 @@ def settings_for(data_dir: Path, **overrides):
         # Every test client connects from 127.0.0.1: per-client limits are tested on desks of their own.
         rate_limit_per_minute=0,
         max_streams_per_client=0,
+        max_connections_per_client=0,
         keep_warm_interval_s=0,
     )
     values.update(overrides)
