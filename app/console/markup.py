@@ -2,7 +2,7 @@
 
 Gradio's Markdown renders inline HTML and Markdown images, so a template named ``<img src=http://…>``
 or ``![](http://…)`` fetched that image in every operator's browser wherever the name was shown
-(status lines, the editor's info, the warmup summary). ``literal`` makes any text show as itself.
+(status lines, the editor's info, the warmup summary). ``literal`` takes the markup out of any text.
 """
 
 from __future__ import annotations
@@ -10,11 +10,12 @@ from __future__ import annotations
 import html
 import re
 
-# CommonMark lets any ASCII punctuation be escaped with a backslash; these are the ones that start markup
-# (emphasis, links and images, code, headings, lists, tables, Gradio's LaTeX delimiters).
-_MARKDOWN = re.compile(r"([\\`*_{}\[\]()#+\-.!|~$:])")
+# What makes Markdown fetch or build an element: HTML (escaped as entities, below) and the brackets of
+# images, links and reference definitions. Other punctuation only changes how text looks, and escaping it
+# would fill the values an API client reads with backslashes.
+_MARKDOWN = re.compile(r"([\\!\[\]])")
 
 
 def literal(text: object) -> str:
-    """``text`` as Markdown that renders exactly that text: HTML escaped, Markdown punctuation escaped."""
+    """``text`` as Markdown with no HTML, image or link in it: ``<`` ``>`` ``&`` as entities, brackets escaped."""
     return _MARKDOWN.sub(r"\\\1", html.escape(str(text), quote=False))
