@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import itertools
 import math
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -40,7 +41,9 @@ SESSION_COOKIE = "prefixdesk_console"
 SESSION_CACHE_S = 5.0  # a process re-reads a session from the database at most this often
 BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
-HASH_CONCURRENCY = 2  # scrypt checks at once (16 MiB and ~50 ms of a core each)
+# scrypt checks at once (16 MiB and ~50 ms of a core each): half the cores, so that a flood of logins,
+# which now gets every admitted guess hashed, leaves the other half to the event loop and the engine.
+HASH_CONCURRENCY = max(1, (os.cpu_count() or 2) // 2)
 
 
 class LoginRefused(PermissionError):
