@@ -17,7 +17,7 @@ import sentencepiece as spm
 from app.cluster.spec import ClusterError, ClusterOptions, plan_cluster
 from app.engine.models import BAICHUAN_ARCHITECTURES, ENTRY_POINT_GROUP, ENTRY_POINTS, register, resolve_tokenizer
 from app.engine.models.baichuan_config import ALIBI, ROPE, BaichuanConfig
-from app.engine.models.baichuan_tiny import read_weights
+from app.engine.models.baichuan_tiny import REAL_CONFIGS, read_weights
 from app.engine.models.baichuan_tokenizer import TokenizerConversionError
 from app.prompts import PromptBuilder, Turn
 from app.template_files import read_folder
@@ -25,15 +25,6 @@ from app.template_files import read_folder
 from baichuan_helpers import ROOT, baichuan_plugin, tiny_models  # noqa: F401  (fixtures)
 from conftest import test_settings as settings_for
 
-# The published config.json of Baichuan2-7B-Chat and Baichuan2-13B-Chat, less auto_map.
-BAICHUAN2_7B = {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan", "hidden_size": 4096,
-                "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
-                "max_position_embeddings": 4096, "model_max_length": 4096, "vocab_size": 125696,
-                "rms_norm_eps": 1e-06, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16"}
-BAICHUAN2_13B = {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan", "hidden_size": 5120,
-                 "intermediate_size": 13696, "num_attention_heads": 40, "num_hidden_layers": 40,
-                 "model_max_length": 4096, "vocab_size": 125696, "rms_norm_eps": 1e-06, "hidden_act": "silu",
-                 "tie_word_embeddings": False, "torch_dtype": "bfloat16", "gradient_checkpointing": [False]}
 EDGE_TEXTS = ["您好  我想  退货\n\n订单号 20240101，金额 ¥1,299.00", " a leading space", "trailing spaces  ",
               "\ttab and 😀 and 龘 (not among the 3,755)", "中English混合mixed文本"]
 
@@ -74,7 +65,7 @@ def test_each_tensor_parallel_rank_holds_the_slopes_of_its_own_heads(tp_size):
 
 
 def test_the_config_tells_baichuan2_7b_rope_from_13b_alibi():
-    seven, thirteen = BaichuanConfig(**BAICHUAN2_7B), BaichuanConfig(**BAICHUAN2_13B)
+    seven, thirteen = BaichuanConfig(**REAL_CONFIGS["7b"]), BaichuanConfig(**REAL_CONFIGS["13b"])
     assert (seven.position_embedding, seven.max_position_embeddings, seven.rope_parameters["rope_theta"]) == \
         (ROPE, 4096, 10000.0)
     assert not hasattr(seven, "position_encoding_type")
@@ -82,7 +73,7 @@ def test_the_config_tells_baichuan2_7b_rope_from_13b_alibi():
     assert (thirteen.position_embedding, thirteen.position_encoding_type) == (ALIBI, "alibi")
     assert not hasattr(thirteen, "max_position_embeddings")
     assert seven.normalized_head and thirteen.normalized_head
-    assert not BaichuanConfig(**{**BAICHUAN2_13B, "vocab_size": 64000}).normalized_head  # Baichuan 1
+    assert not BaichuanConfig(**{**REAL_CONFIGS["13b"], "vocab_size": 64000}).normalized_head  # Baichuan 1
 
 
 def test_vllm_reads_the_tiny_13b_kind_as_alibi_without_remote_code(baichuan_plugin, tiny_models, tmp_path):
@@ -223,3 +214,17 @@ def test_prefixdesk_tokenizer_wins_and_other_models_keep_their_own(tiny_models, 
     assert resolve_tokenizer("/models/my-tokenizer", tiny_models["7b"], tmp_path) == "/models/my-tokenizer"
     assert resolve_tokenizer("", "Qwen/Qwen2.5-7B-Instruct", tmp_path) == "Qwen/Qwen2.5-7B-Instruct"
     assert not (tmp_path / "tokenizers").exists()
+
+
+@pytest.mark.parametrize(("kind", "alibi", "layers", "heads"), [("7b", False, 32, 32), ("13b", True, 40, 40)])
+def test_the_real_shapes_for_dummy_weights_read_as_baichuan2(baichuan_plugin, kind, alibi, layers, heads, tmp_path):
+    from vllm.config import ModelConfig
+
+    from app.engine.models.baichuan_tiny import ensure_real_shape
+
+    register()
+    folder = ensure_real_shape(kind, tmp_path, ROOT / "templates")
+    config = ModelConfig(model=str(folder), tokenizer=resolve_tokenizer("", folder, tmp_path), dtype="bfloat16")
+    assert (config.uses_alibi, config.hf_config.num_hidden_layers, config.get_total_num_kv_heads(),
+            config.get_head_size(), config.max_model_len, config.get_vocab_size()) == (alibi, layers, heads, 128, 4096,
+                                                                                      125696)

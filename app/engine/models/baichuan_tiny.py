@@ -1,7 +1,9 @@
 """Tiny random-weight Baichuan2 checkpoints of both kinds, in the published layout, built offline.
 
 ``python -m app.engine.models.baichuan_tiny 7b|13b [--data-dir var]`` prints the folder (building it
-on first use, about a second). Like the demo model, they let the Baichuan path — the plugin, the
+on first use, about a second). With ``--real-shape`` it prints a folder of the published Baichuan2-7B
+or -13B config.json (full size) with the tiny tokenizer and no weights: for ``load_format=dummy``
+measurements of the real shapes on a GPU. Like the demo model, they let the Baichuan path — the plugin, the
 weight names, the tokenizer conversion, the chat format — run and be tested with nothing downloaded:
 
 - ``7b``: Baichuan2-7B's kind (RoPE; config.json has ``max_position_embeddings``), hidden 128,
@@ -57,6 +59,23 @@ KINDS = {
                      weights_file="pytorch_model.bin"),
 }
 
+# The published config.json of Baichuan2-7B-Chat and Baichuan2-13B-Chat (less auto_map and tokenizer_class).
+REAL_CONFIGS = {
+    "7b": {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan", "hidden_size": 4096,
+           "intermediate_size": 11008, "num_attention_heads": 32, "num_hidden_layers": 32,
+           "max_position_embeddings": 4096, "model_max_length": 4096, "vocab_size": 125696, "rms_norm_eps": 1e-06,
+           "hidden_act": "silu", "initializer_range": 0.02, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "use_cache": True},
+    "13b": {"architectures": ["BaichuanForCausalLM"], "model_type": "baichuan", "hidden_size": 5120,
+            "intermediate_size": 13696, "num_attention_heads": 40, "num_hidden_layers": 40, "model_max_length": 4096,
+            "vocab_size": 125696, "rms_norm_eps": 1e-06, "hidden_act": "silu", "initializer_range": 0.02,
+            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16", "use_cache": True},
+}
+GENERATION_CONFIG = {"assistant_token_id": 196, "user_token_id": 195, "bos_token_id": 1, "eos_token_id": 2,
+                     "pad_token_id": 0, "do_sample": True, "max_new_tokens": 2048, "temperature": 0.3, "top_p": 0.85,
+                     "top_k": 5, "repetition_penalty": 1.05}
+
 _ENGLISH = (
     "Hello, how can I help you today? Thank you for contacting customer service. "
     "order refund return shipping invoice warranty membership price protection delivery "
@@ -76,6 +95,26 @@ def ensure_tiny_baichuan(kind: str, data_dir: Path, templates_dir: Path) -> Path
     tmp = folder.with_name(folder.name + ".tmp")
     tmp.mkdir(parents=True, exist_ok=True)
     build(tmp, shape, corpus)
+    tmp.rename(folder)
+    return folder
+
+
+def ensure_real_shape(kind: str, data_dir: Path, templates_dir: Path) -> Path:
+    """A folder of the published Baichuan2 ``kind`` config (full size) with the tiny tokenizer, no weights.
+
+    Served with ``load_format=dummy`` it has the real model's compute and memory; its prompts are
+    tokenized by the tiny SentencePiece model (Baichuan2's chat tokens at the same ids, all ids below
+    the real vocabulary's 125,696), which is what a machine without the real tokenizer.model can do.
+    """
+    tiny = ensure_tiny_baichuan("7b", data_dir, templates_dir)
+    folder = Path(data_dir) / "tiny-baichuan" / f"shape-{kind}-{tiny.name.split('-', 1)[1]}"
+    if (folder / "config.json").exists():
+        return folder
+    tmp = folder.with_name(folder.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / "tokenizer.model").write_bytes((tiny / "tokenizer.model").read_bytes())
+    (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n", encoding="utf-8")
+    (tmp / "config.json").write_text(json.dumps(REAL_CONFIGS[kind], indent=2) + "\n", encoding="utf-8")
     tmp.rename(folder)
     return folder
 
@@ -108,10 +147,7 @@ def build(folder: Path, shape: TinyShape, corpus: list[str]) -> None:
     if shape.rope:
         config["max_position_embeddings"] = 4096
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
-    generation = {"assistant_token_id": 196, "user_token_id": 195, "bos_token_id": 1, "eos_token_id": 2,
-                  "pad_token_id": 0, "do_sample": True, "max_new_tokens": 2048, "temperature": 0.3, "top_p": 0.85,
-                  "top_k": 5, "repetition_penalty": 1.05}
-    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+    (folder / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2) + "\n", encoding="utf-8")
     tokenizer_config = {"auto_map": {"AutoTokenizer": ["tokenization_baichuan.BaichuanTokenizer", None]},
                         "tokenizer_class": "BaichuanTokenizer", "add_bos_token": False, "add_eos_token": False,
                         "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<unk>",
@@ -208,8 +244,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("kind", choices=sorted(KINDS))
     parser.add_argument("--data-dir", type=Path, default=Path("var"))
     parser.add_argument("--templates-dir", type=Path, default=Path("templates"))
+    parser.add_argument("--real-shape", action="store_true",
+                        help="the published config (full size) with the tiny tokenizer and no weights, for load_format=dummy")
     args = parser.parse_args(argv)
-    print(ensure_tiny_baichuan(args.kind, args.data_dir, args.templates_dir))
+    ensure = ensure_real_shape if args.real_shape else ensure_tiny_baichuan
+    print(ensure(args.kind, args.data_dir, args.templates_dir))
     return 0
 
 
