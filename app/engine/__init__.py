@@ -1,7 +1,8 @@
 """The engine behind the desk: one in-process vLLM (``local``, the default) or a remote
 OpenAI-compatible server (``remote``: normally a router in front of ``vllm serve`` replicas).
 
-Only this package imports vLLM, and only its ``local`` and ``monitor`` modules do. Everything above
+Only this package imports vLLM, and only its ``local`` and ``monitor`` modules and the model plugins
+of ``models`` do. Everything above
 it speaks the types of ``app.engine.types``.
 """
 

@@ -1,6 +1,7 @@
 """The in-process engine: one vLLM ``AsyncLLM`` with automatic prefix caching and stats on.
 
-This module and ``app.engine.monitor`` are the only ones that import vLLM. The engine core runs in
+This module, ``app.engine.monitor`` and the model plugins (``app.engine.models``) are the only ones
+that import vLLM. The engine core runs in
 a child process; this side streams each request's output as ``Delta``s and one ``RequestStats``,
 restarts the core when it dies or stops making progress, and mirrors its KV-cache events.
 """

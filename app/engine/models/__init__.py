@@ -25,7 +25,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
-# name -> object, exactly as pyproject.toml declares them (tests/test_baichuan_plugin.py keeps the two equal)
+# name -> object, exactly as pyproject.toml declares them (tests/test_baichuan.py keeps the two equal)
 ENTRY_POINTS = {"prefixdesk_baichuan": "app.engine.models:register"}
 BAICHUAN_ARCHITECTURES = ("BaichuanForCausalLM", "BaiChuanForCausalLM")
 _MODEL_CLASS = "app.engine.models.baichuan:{}"
