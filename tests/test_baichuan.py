@@ -228,3 +228,21 @@ def test_the_real_shapes_for_dummy_weights_read_as_baichuan2(baichuan_plugin, ki
     assert (config.uses_alibi, config.hf_config.num_hidden_layers, config.get_total_num_kv_heads(),
             config.get_head_size(), config.max_model_len, config.get_vocab_size()) == (alibi, layers, heads, 128, 4096,
                                                                                       125696)
+
+
+def test_fetch_model_prepares_a_baichuan_folders_tokenizer(tiny_models, tmp_path, capsys):
+    from app.fetch_model import main
+
+    folder = tiny_models["13b"]
+    assert main([str(folder), "--data-dir", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == f"{folder}: tokenizer converted in {resolve_tokenizer('', folder, tmp_path)}\n"
+    assert main([str(tmp_path / "tokenizers"), "--data-dir", str(tmp_path)]) == 2
+    assert "needs nothing prepared: it is no Baichuan model" in capsys.readouterr().err
+
+
+def test_a_baichuan_hub_id_not_on_this_machine_says_how_to_get_a_local_copy(tmp_path):
+    with pytest.raises(TokenizerConversionError, match=r"baichuan-inc/Baichuan2-13B-Chat is not on this machine.*"
+                                                       r"huggingface-cli download baichuan-inc/Baichuan2-13B-Chat "
+                                                       r"--local-dir /models/Baichuan2-13B-Chat`\) and set "
+                                                       r"PREFIXDESK_MODEL=/models/Baichuan2-13B-Chat"):
+        resolve_tokenizer("", "baichuan-inc/Baichuan2-13B-Chat", tmp_path)

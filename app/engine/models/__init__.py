@@ -72,20 +72,41 @@ def is_baichuan(model: Path | str) -> bool:
 def resolve_tokenizer(tokenizer: str, model: Path | str, data_dir: Path) -> str:
     """The tokenizer the prompts and the engine use for ``model``.
 
-    ``tokenizer`` (PREFIXDESK_TOKENIZER) when given; for a Baichuan folder, its SentencePiece
-    tokenizer converted to a fast tokenizer with the Baichuan2 chat template under ``data_dir``
-    (built on first use, never written into the model's folder); otherwise the model itself.
-    Raises TokenizerConversionError when a Baichuan folder's tokenizer cannot be converted.
+    ``tokenizer`` (PREFIXDESK_TOKENIZER) when given; for a Baichuan folder (or a Baichuan hub id
+    in the Hugging Face cache), its SentencePiece tokenizer converted to a fast tokenizer with the
+    Baichuan2 chat template under ``data_dir`` (built on first use, never written into the model's
+    folder); otherwise the model itself. Raises TokenizerConversionError when a Baichuan model's
+    tokenizer cannot be converted, or a Baichuan hub id has no local copy.
     """
     if tokenizer:
         return tokenizer
-    if is_baichuan(model):
+    folder = _local_folder(model)
+    if folder is not None and is_baichuan(folder):
         from app.engine.models.baichuan_tokenizer import ensure_converted_tokenizer
 
         register_config()  # the converted folder carries the model's config, which transformers may read
+        return str(ensure_converted_tokenizer(folder, data_dir))
+    if folder is None and "baichuan" in str(model).lower():
+        from app.engine.models.baichuan_tokenizer import TokenizerConversionError
 
-        return str(ensure_converted_tokenizer(Path(model), data_dir))
+        name = Path(str(model)).name
+        raise TokenizerConversionError(
+            f"{model} is not on this machine, and its tokenizer is converted from the files of a local copy: "
+            f"download it first (`huggingface-cli download {model} --local-dir /models/{name}`) and set "
+            f"PREFIXDESK_MODEL=/models/{name}")
     return str(model)
+
+
+def _local_folder(model: Path | str) -> Path | None:
+    """``model`` as a folder on this machine: itself, or a hub id's copy in the Hugging Face cache."""
+    if Path(model).is_dir():
+        return Path(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model), local_files_only=True))
+    except Exception:  # not a hub id, or not in the cache: huggingface_hub raises several types
+        return None
 
 
 def attention_backend(model: Path | str, *, on_cpu: bool) -> str | None:
