@@ -147,7 +147,8 @@ def test_the_app_answers_over_v1_from_the_template_it_warmed(served, templates):
         lines = [line for line in response.iter_lines() if line.startswith("data: {")]
     usage = json.loads(lines[-1].removeprefix("data: "))["usage"]
     # The server warmed every template at start: this first question finds the prefix's whole blocks.
-    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(chat_ids(served, system, "Where is my order?")), 6)
+    expected_prompt = chat_ids(served, system, "Where is my order?")
+    assert (usage["prompt_tokens"], usage["completion_tokens"]) == (len(expected_prompt), 6)
     assert usage["prompt_tokens_details"]["cached_tokens"] == full_blocks(prefix, 32) == 640
     health = httpx.get(served.url + "healthz", timeout=10).json()
     assert (health["ok"], health["model"], health["precision"]) == (True, str(served.folder), "fp32 weights · fp32 KV")

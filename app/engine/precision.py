@@ -38,11 +38,13 @@ def check_quantization(quantization: str, model: Path | str, *, on_cpu: bool, ca
             raise EngineStartError(
                 f"{setting} needs a GPU with fp8 units (compute capability {FP8_MIN_CAPABILITY // 10}."
                 f"{FP8_MIN_CAPABILITY % 10} or newer: L4, L40, H100, H200); this GPU has {capability // 10}."
-                f"{capability % 10}. Leave PREFIXDESK_QUANTIZATION empty (bf16 weights), or use an awq or gptq checkpoint")
+                f"{capability % 10}. Leave PREFIXDESK_QUANTIZATION empty (bf16 weights), or use an awq or gptq "
+                "checkpoint")
         return
     method = checkpoint_quantization(model)
     if method != quantization:
-        found = f"its config.json names quant_method {method!r}" if method else "its config.json has no quantization_config"
+        found = (f"its config.json names quant_method {method!r}" if method
+                 else "its config.json has no quantization_config")
         raise EngineStartError(
             f"{setting} needs a checkpoint quantized with {quantization.upper()}, but {model} is not one ({found}). "
             f"Point PREFIXDESK_MODEL at a {quantization.upper()} checkpoint, or leave PREFIXDESK_QUANTIZATION empty")

@@ -245,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--data-dir", type=Path, default=Path("var"))
     parser.add_argument("--templates-dir", type=Path, default=Path("templates"))
     parser.add_argument("--real-shape", action="store_true",
-                        help="the published config (full size) with the tiny tokenizer and no weights, for load_format=dummy")
+                        help="the published config (full size) with the tiny tokenizer and no weights, "
+                             "for load_format=dummy")
     args = parser.parse_args(argv)
     ensure = ensure_real_shape if args.real_shape else ensure_tiny_baichuan
     print(ensure(args.kind, args.data_dir, args.templates_dir))

@@ -107,7 +107,8 @@ def ensure_converted_tokenizer(model_dir: Path, data_dir: Path) -> Path:
 def convert_tokenizer(spm_path: Path, out: Path, *, user_token_id: int = USER_TOKEN_ID,
                       assistant_token_id: int = ASSISTANT_TOKEN_ID, eos_token_id: int = EOS_TOKEN_ID,
                       model_max_length: int = 4096) -> ChatTokens:
-    """Write the fast tokenizer of ``spm_path`` (tokenizer.json, tokenizer_config.json, the chat template) into ``out``."""
+    """Write the fast tokenizer of ``spm_path`` into ``out``: tokenizer.json, tokenizer_config.json and
+    the chat template. Returns the chat format's pieces."""
     from transformers import PreTrainedTokenizerFast
 
     proto = _load_proto(spm_path)
