@@ -19,10 +19,7 @@ model's tokenizer.
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
-
-log = logging.getLogger(__name__)
 
 ENTRY_POINT_GROUP = "vllm.general_plugins"
 # name -> object, exactly as pyproject.toml declares them (tests/test_baichuan.py keeps the two equal)
