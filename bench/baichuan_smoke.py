@@ -1,6 +1,6 @@
 """One case of bench/baichuan_smoke.sh (the Baichuan2 plugin on the GPU device): python3 THIS CASE.
 
-CASE: tiny-7b, tiny-13b (log-probs against tests/test_baichuan_engine.py's reference forward),
+CASE: tiny-7b, tiny-13b (log-probs against tests/engine/test_baichuan_engine.py's reference forward),
 shape-13b, shape-7b-fp8 (the published shapes, dummy weights). Prints one line per check.
 """
 import ast
@@ -19,7 +19,7 @@ VAR = Path("/tmp/pd-var")
 
 
 def reference():
-    src = (ROOT / "tests/test_baichuan_engine.py").read_text()
+    src = (ROOT / "tests/engine/test_baichuan_engine.py").read_text()
     tree = ast.parse(src)
     fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "baichuan_forward")
     ns = {"math": __import__("math"), "torch": __import__("torch")}
@@ -57,7 +57,9 @@ def main(case: str) -> None:
         if case.startswith("tiny"):
             ids = sp.encode(next(t for t in read_folder(ROOT / "templates") if t.name == "商城通用规则").text.strip()) \
                 + [195] + sp.encode("手机保修多久？") + [196]
-            got = await engine.logprobs(ids, top_k=5)
+            from tests.helpers.baichuan import logprobs
+
+            got = await logprobs(engine, ids, top_k=5)
             exp = reference()(read_weights(folder), json.loads((folder / "config.json").read_text()), ids)
             want = exp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
             diff = (torch.tensor(got.prompt) - want).abs().max().item()
