@@ -135,7 +135,7 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
     mkdir -p $extra
     [ -f $extra/gradio/__init__.py ] || tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C $extra || exit 3
   elif [ $stage = article ] || [ $stage = fp8 ]; then  # in-process engines only: no router
-    extra=/tmp/pd-none; mkdir -p $extra; wheels=($GPU_DIR/app-wheels/*.whl)
+    extra=/tmp/pd-none; mkdir -p $extra; wheels=($GPU_DIR/serve-wheels/*.whl $GPU_DIR/app-wheels/*.whl)
   else
     extra=/tmp/router; mkdir -p $extra
     [ -d $extra/vllm_router ] || tar -xJf $ROUTER_TAR -C $extra || exit 3
