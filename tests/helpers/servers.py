@@ -7,6 +7,8 @@ import asyncio
 import socket
 from pathlib import Path
 
+from tests.helpers.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
 
@@ -62,6 +64,13 @@ def start_services(settings):
         return pool.submit(build_services, settings).result()
 
 
+def serving(server, future, services) -> bool:
+    """Whether a uvicorn ``server`` run as ``future`` is up and ``services`` are ready; raises what it died of."""
+    if future.done():
+        future.result()
+    return server.started and services.ready is not None and services.ready.is_set()
+
+
 async def collect(stream) -> list:
     return [event async for event in stream]
 
@@ -89,21 +98,18 @@ class AppProcess:
                                      stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        import time
+        wait_until(self._healthy, timeout, lambda: f"the server to answer /healthz:\n{self.log()}", poll_s=0.5)
+
+    def _healthy(self) -> bool:
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def stop(self, sig=None, timeout: float = 60) -> int:
         import os
@@ -154,7 +160,6 @@ class SecondServer:
         self._future = None
 
     def __enter__(self) -> str:
-        import time
         from concurrent.futures import ThreadPoolExecutor
 
         import uvicorn
@@ -166,12 +171,7 @@ class SecondServer:
         self._server = uvicorn.Server(uvicorn_config(create_app(self.services), self.settings,
                                                      timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
-        deadline = time.monotonic() + 60
-        while not self._server.started or not (self.services.ready and self.services.ready.is_set()):
-            if self._future.done():
-                self._future.result()
-            assert time.monotonic() < deadline, "second server did not start in 60 s"
-            time.sleep(0.05)
+        wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
 
     def __exit__(self, *exc) -> None:
