@@ -80,7 +80,7 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
-                ignore_eos=settings.ignore_eos)
+                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms)
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)

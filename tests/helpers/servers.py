@@ -34,9 +34,20 @@ def settings_for(data_dir: Path, **overrides):
         rate_limit_per_minute=0,
         max_streams_per_client=0,
         keep_warm_interval_s=0,
+        engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )
     values.update(overrides)
     return load_settings(environ={}, **values)
+
+
+STEP_DELAY_MS = 20
+
+
+def slow_answers(max_tokens: int = 750) -> dict:
+    """Settings under which every answer is certainly still streaming when a test acts on its first text: each
+    engine step pauses STEP_DELAY_MS (app/engine/step_delay.py) and every answer runs to ``max_tokens``, so the
+    default 750 tokens take 15 s or more however loaded the machine."""
+    return dict(engine_step_delays=True, step_delay_ms=STEP_DELAY_MS, max_tokens=max_tokens, ignore_eos=True)
 
 
 def full_blocks(n_tokens: int, block_size: int) -> int:
