@@ -39,6 +39,8 @@ from app.web.openai_api import build_openai_router
 if TYPE_CHECKING:
     import gradio as gr
 
+    from app.console.access import Clock
+
 log = logging.getLogger(__name__)
 
 
@@ -86,7 +88,9 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(services: Services, *, console_clock: Clock | None = None) -> FastAPI:
+    """The web app over ``services``; ``console_clock`` is the time console sessions and login delays
+    keep (tests move one by hand)."""
     # Gradio (and the console, which needs it) is imported here, not at module level, so that
     # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
     import gradio as gr
@@ -107,7 +111,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
-                           language=settings.ui_language)
+                           language=settings.ui_language, clock=console_clock)
     console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access)
     _lifespan(app, services)

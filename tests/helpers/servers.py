@@ -162,8 +162,10 @@ class SecondServer:
     """Another app on the session's engine (no second engine start): its own data dir and settings,
     served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
 
-    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, **overrides):
+    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, *, console_clock=None,
+                 **overrides):
         self.settings = settings_for(data_dir, **overrides)
+        self.console_clock = console_clock  # the time of its console sessions and login delays (a ManualClock)
         self.base = services
         self.loop = loop
         self.services = None
@@ -179,8 +181,8 @@ class SecondServer:
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        self._server = uvicorn.Server(uvicorn_config(create_app(self.services), self.settings,
-                                                     timeout_graceful_shutdown=2))
+        app = create_app(self.services, console_clock=self.console_clock)
+        self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
         wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"

@@ -15,6 +15,7 @@ import time
 
 import httpx
 
+from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import SecondServer
 
 OPERATOR = ("admin", "operator passphrase 9")  # the proxied server's PREFIXDESK_ADMIN_USER / _PASSWORD
@@ -46,12 +47,13 @@ def test_a_login_form_posted_from_another_site_is_refused(proxied):
 
 
 def test_a_decoy_cookie_does_not_revive_an_expired_session(services, engine_loop, tmp_path):
+    clock = ManualClock()
     with SecondServer(services, engine_loop, tmp_path, admin_password="operator passphrase 9",
-                      admin_session_ttl_s=1) as url:
+                      admin_session_ttl_s=60, console_clock=clock) as url:
         r = httpx.post(url + "admin/login", data={"username": "admin", "password": "operator passphrase 9"})
         token = r.cookies["prefixdesk_console"]
         assert httpx.get(url + "admin/config", cookies={"prefixdesk_console": token}).status_code == 200
-        time.sleep(1.5)
+        clock.advance(60)  # the session's TTL
         for cookies in ({"prefixdesk_console": token},
                         {"access-token-x": token, "prefixdesk_console": token},
                         {"access-token-unsecure-x": "forged", "prefixdesk_console": token},
