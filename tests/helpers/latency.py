@@ -72,18 +72,15 @@ class HealthProbe:
         return [p.ms - 1000 * self.stalled_s(p.sent_at, p.sent_at + p.ms / 1000) for p in self.probes
                 if start <= p.sent_at <= end]
 
-    def assert_responsive(self, control: tuple[float, float], start: float, end: float, *,
-                          margin_ms: float = STALL_MARGIN_MS) -> tuple[float, float]:
+    def assert_responsive(self, control: tuple[float, float], start: float, end: float) -> tuple[float, float]:
         """/healthz's p90 over the probes sent in [start, end] is within STALL_FACTOR x its p90 in ``control``
-        + ``margin_ms``, and every probe answered 200; returns (control p90, attack p90) in ms. An attack whose
-        legitimate work fills every core (password hashing) needs a larger margin: the loop then waits for
-        a core, not for the work."""
+        + STALL_MARGIN_MS, and every probe answered 200; returns (control p90, attack p90) in ms."""
         assert not self.failures, f"/healthz failed: {self.failures[:3]}"
         before, during = self.ms_sent_between(*control), self.ms_sent_between(start, end)
         assert before and during, (len(before), len(during))
-        limit_ms = STALL_FACTOR * p90(before) + margin_ms
+        limit_ms = STALL_FACTOR * p90(before) + STALL_MARGIN_MS
         assert p90(during) <= limit_ms, (f"/healthz p90 {p90(during):.0f} ms during the attack, over {limit_ms:.0f} ms "
-                                         f"({STALL_FACTOR} x {p90(before):.0f} ms before it + {margin_ms:.0f}): "
+                                         f"({STALL_FACTOR} x {p90(before):.0f} ms before it + {STALL_MARGIN_MS}): "
                                          f"{[round(ms) for ms in sorted(during)]}")
         return p90(before), p90(during)
 
