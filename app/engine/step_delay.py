@@ -2,9 +2,10 @@
 
 A test that stops, kills or signals an answer mid-stream needs one that is certainly still streaming when
 it acts, however loaded the machine. vLLM has no such knob, so this is a vLLM logits processor that changes
-no logits: vLLM calls ``update_state`` in the engine core once before each forward pass, and while a request
-in the batch asked for a pause (``SamplingParams.extra_args[STEP_DELAY_ARG]``; ``vllm_xargs`` over HTTP) it
-sleeps there, which holds the whole batch. The engine registers it only with PREFIXDESK_ENGINE_STEP_DELAYS.
+no logits: vLLM calls ``update_state`` once before each forward pass, in the process that runs the model, and
+while a request in the batch asked for a pause (``SamplingParams.extra_args[STEP_DELAY_ARG]``; ``vllm_xargs``
+over HTTP) it sleeps there, which holds the whole batch. The engine registers it only with
+PREFIXDESK_ENGINE_STEP_DELAYS.
 """
 
 from __future__ import annotations
