@@ -16,7 +16,7 @@ import pytest
 from app.core.desk import DeskInputError
 from app.db import Database
 from tests.helpers.desks import desk_for
-from tests.helpers.latency import STALL_FACTOR, STALL_MARGIN_MS, HealthProbe
+from tests.helpers.latency import HealthProbe
 from tests.helpers.servers import ROOT, SecondServer, slow_answers
 
 
@@ -115,12 +115,12 @@ def test_a_write_lock_held_for_five_seconds_stalls_no_stream_and_no_health_check
 
     chat_result = json.loads(out.strip().splitlines()[-1])
     assert arrivals[0] < control[0] and arrivals[-1] > unlocked_at  # it streamed through the whole lock
-    # A stream waiting on the lock would pause for the rest of its 5 s; a pause of the whole machine (seconds,
-    # at times, on this VM) is taken out of each gap.
+    # A stream waiting on the lock would pause for the rest of its 5 s (5.1 s when the database was written on
+    # the loop). A pause of the whole machine (seconds, at times, on this VM) is taken out of each gap; the
+    # engine's own process, starved for a core by the rest of the machine, still pauses it for up to ~0.7 s.
     before_ms, during_ms = probe.gaps_ms(arrivals, *control), probe.gaps_ms(arrivals, locked_at, unlocked_at)
-    limit_ms = STALL_FACTOR * max(before_ms) + STALL_MARGIN_MS
-    assert max(during_ms) <= limit_ms, (f"a {max(during_ms):.0f} ms gap in the stream while the database was "
-                                        f"locked, over {limit_ms:.0f} ms (largest before it: {max(before_ms):.0f} ms)")
+    assert max(during_ms) < LOCK_S * 1000 / 2, (f"a {max(during_ms):.0f} ms gap in the stream while the database "
+                                                f"was locked (largest before it: {max(before_ms):.0f} ms)")
     # A /healthz waiting on the lock would take the rest of its 5 s.
     health_before_ms, health_during_ms = probe.assert_responsive(control, locked_at, unlocked_at)
     assert chat_result["status"] == "ok"  # stored once the lock was gone

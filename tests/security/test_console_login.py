@@ -18,7 +18,7 @@ import httpx
 
 from app.console.passwords import hash_password, verify_password
 from tests.helpers.clocks import ManualClock
-from tests.helpers.latency import HealthProbe, LoopCpu, p90
+from tests.helpers.latency import LoopCpu
 from tests.helpers.servers import SecondServer
 
 OPERATOR = ("admin", "operator passphrase 9")  # the proxied server's PREFIXDESK_ADMIN_USER / _PASSWORD
@@ -89,23 +89,16 @@ def test_thirty_two_logins_at_once_do_not_stall_the_server(proxied, engine_loop)
     logins = subprocess.Popen([sys.executable, "-c", LOGINS, proxied, OPERATOR[1]], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     assert logins.stdout.readline() == "ready\n"  # its imports done: they are no part of the attack
-    with HealthProbe(proxied) as probe:
-        at_rest = loop_cpu()
-        control = probe.control()
-        started_cpu, started = loop_cpu(), probe.mark()
-        out, _ = logins.communicate("go\n", timeout=120)
-        ended_cpu, ended = loop_cpu(), probe.mark()
+    started_cpu, started = loop_cpu(), time.monotonic()
+    out, _ = logins.communicate("go\n", timeout=120)
+    on_loop_s, elapsed_s = loop_cpu() - started_cpu, time.monotonic() - started
     statuses = json.loads(out)
     # Hashed two at a time on threads: the logins queue (the excess are told to retry), the server answers.
     assert statuses.count(200) + statuses.count(429) == 32 and statuses.count(200) >= 16
-    assert not probe.failures, probe.failures[:3]
     # Hashing on the event loop would spend one hash's CPU there for every login let in (scrypt on the loop took
-    # /healthz from 3 ms to 1.2 s). The loop's CPU, less what it spends at rest, is a small part of that. Two hashes
-    # at once fill both cores here, so /healthz's latency, which then waits for a core, is only printed.
-    on_loop_s = (ended_cpu - started_cpu) - (started_cpu - at_rest) / (control[1] - control[0]) * (ended - started)
+    # /healthz from 3 ms to 1.2 s). Two hashes at once fill both cores of this machine, so the latency of
+    # anything else then waits for a core; the CPU the loop itself spends does not, and is a small part of that.
     hashed_s = statuses.count(200) * one_hash_s
     assert on_loop_s < hashed_s / 2, f"the event loop spent {on_loop_s:.2f} s of CPU; the hashes took {hashed_s:.2f} s"
-    before, during = probe.ms_sent_between(*control), probe.ms_sent_between(started, ended)
-    print(f"\n32 concurrent logins: {statuses.count(200)} ok, {statuses.count(429)} told to retry; the event loop "
-          f"spent {on_loop_s * 1000:.0f} ms of CPU (the hashes {hashed_s * 1000:.0f} ms); /healthz p90 "
-          f"{p90(during):.0f} ms ({p90(before):.0f} ms before)")
+    print(f"\n32 concurrent logins in {elapsed_s:.1f} s: {statuses.count(200)} ok, {statuses.count(429)} told to "
+          f"retry; the event loop spent {on_loop_s * 1000:.0f} ms of CPU, the hashes {hashed_s * 1000:.0f} ms")
