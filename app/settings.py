@@ -196,6 +196,12 @@ class Settings:
     seed: int = _setting(0, "Seed of the engine's sampler.")
     ignore_eos: bool = _setting(False, "Answers always run to PREFIXDESK_MAX_TOKENS, past the model's end token: for "
                                 "load tests and soak runs, where every answer must cost the same. Off for customers.")
+    engine_step_delays: bool = _setting(False, "Tests only: the engine (with the launcher, every replica) lets an "
+                                        "answer ask for a pause after each engine step, so a test can stop, kill or "
+                                        "signal an answer that is certainly still streaming. Off: no extra logits "
+                                        "processor runs.")
+    step_delay_ms: int = _setting(0, "Tests only: every answer asks the engine for this pause (milliseconds) after "
+                                  "each step; needs PREFIXDESK_ENGINE_STEP_DELAYS. 0: none.", check=between(0, 1000))
     max_concurrent_requests: int = _setting(0, "Answers generated at once; more are told the desk is busy. 0 picks "
                                             "twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the "
                                             "remote engine.", check=at_least(0))
@@ -299,6 +305,8 @@ RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
                                 if s.tenant_header and not s.trusted_proxies else None),
     ("engine_url", lambda s: f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {s.engine_url!r}"
                              if s.engine == "remote" and not s.engine_url.startswith(("http://", "https://")) else None),
+    ("step_delay_ms", lambda s: "needs PREFIXDESK_ENGINE_STEP_DELAYS=true: the engine ignores it otherwise"
+                                if s.step_delay_ms and not s.engine_step_delays else None),
     ("admin_password", _weak_password),
     ("model", _model_exists),
 )

@@ -20,7 +20,7 @@ from app.engine import resolve_tokenizer
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.engine.models import attention_backend
 from app.engine.precision import check_quantization
-from app.engine.types import EngineStartError
+from app.engine.types import STEP_DELAY_PROCESSOR, EngineStartError
 from app.settings import Settings
 
 POLICIES = ("consistent_hash", "cache_aware", "round_robin", "power_of_two", "random", "kv_aware")
@@ -207,6 +207,8 @@ def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: st
         argv.append("--enforce-eager")
     if flags.stream_interval != 1:
         argv += ["--stream-interval", str(flags.stream_interval)]
+    if settings.engine_step_delays:
+        argv += ["--logits-processors", STEP_DELAY_PROCESSOR]
     if on_cpu:
         argv += ["--kv-cache-memory-bytes", str(settings.kv_cache_mib << 20)]
     else:

@@ -59,7 +59,8 @@ class Finished:
 
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
-                 limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False):
+                 limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
+                 step_delay_ms: int = 0):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -68,6 +69,7 @@ class Desk:
         self._tenant_secret = tenant_secret
         self.family_shards = family_shards
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
+        self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -194,7 +196,8 @@ class Desk:
                 # request in the engine instead of leaving it to the garbage collector.
                 async with contextlib.aclosing(self.engine.stream(
                         prompt.token_ids, max_tokens=budget, cache_salt=self.tenant_salt(tenant),
-                        ignore_eos=ignore_eos or self.ignore_eos, routing_key=key)) as stream:
+                        ignore_eos=ignore_eos or self.ignore_eos, routing_key=key,
+                        step_delay_ms=self.step_delay_ms)) as stream:
                     shown_at = 0.0
                     async for event in stream:
                         if isinstance(event, Delta):

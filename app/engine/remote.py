@@ -21,8 +21,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from app.engine.replicas import ClusterResidency, Replicas, replica_urls
-from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats)
+from app.engine.types import (STEP_DELAY_ARG, CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo,
+                              EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings, kv_event_sources
 
 log = logging.getLogger(__name__)
@@ -116,6 +116,7 @@ class RemoteEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
+        step_delay_ms: int = 0,
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 
@@ -136,6 +137,8 @@ class RemoteEngine:
             body["cache_salt"] = cache_salt
         if request_id:
             body["request_id"] = request_id
+        if step_delay_ms:  # honoured by replicas the launcher started with PREFIXDESK_ENGINE_STEP_DELAYS (tests)
+            body["vllm_xargs"] = {STEP_DELAY_ARG: step_delay_ms}
         # Header values are ASCII; template families are often Chinese, so the key is percent-encoded.
         headers = {ROUTING_HEADER: quote(routing_key, safe=":")} if routing_key else {}
         call_id, call = next(self._ids), _Call()

@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
 
 
+# The SamplingParams.extra_args key (vllm_xargs over HTTP) of an answer's pause after each engine step,
+# which app.engine.step_delay honours (tests only).
+STEP_DELAY_ARG = "prefixdesk_step_delay_ms"
+STEP_DELAY_PROCESSOR = "app.engine.step_delay:StepDelay"  # as vLLM's --logits-processors names it
+
+
 class EngineError(RuntimeError):
     """Generation failed inside the engine; the message is safe to show to a user."""
 
@@ -170,6 +176,7 @@ class Engine(Protocol):
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
+        step_delay_ms: int = 0,  # PREFIXDESK_STEP_DELAY_MS (tests only)
     ) -> AsyncIterator[Delta | RequestStats]: ...
 
     async def abort_all(self) -> int: ...

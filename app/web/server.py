@@ -39,6 +39,8 @@ from app.web.openai_api import build_openai_router
 if TYPE_CHECKING:
     import gradio as gr
 
+    from app.console.access import Clock
+
 log = logging.getLogger(__name__)
 
 
@@ -80,13 +82,15 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
-                ignore_eos=settings.ignore_eos)
+                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms)
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(services: Services, *, console_clock: Clock | None = None) -> FastAPI:
+    """The web app over ``services``; ``console_clock`` is the time console sessions and login delays
+    keep (tests move one by hand)."""
     # Gradio (and the console, which needs it) is imported here, not at module level, so that
     # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
     import gradio as gr
@@ -107,7 +111,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
-                           language=settings.ui_language)
+                           language=settings.ui_language, clock=console_clock)
     console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access)
     _lifespan(app, services)

@@ -1,10 +1,10 @@
 """The cache view's numbers, from real requests stored in a fresh database."""
 
-import statistics
 import uuid
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from app import template_files
 from app.core.background import CacheSampler
@@ -14,10 +14,12 @@ from app.core.desk import Finished
 from app.db import metrics as db_metrics
 from app.db import open_database
 from app.db import templates as db_templates
-from app.db.models import utcnow
+from app.db.models import Message, utcnow
+from app.db.rows import TtftSplit
 from tests.helpers.browser import console_page
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
+from tests.helpers.waiting import eventually, wait_until
 
 
 @pytest.fixture()
@@ -53,23 +55,33 @@ def test_per_template_hit_rate_is_cached_over_prompt_tokens_of_the_stored_answer
         cached = sum(m.num_cached_tokens for m in rows)
         assert usage[name] == (len(rows), prompt, cached)
 
+    # Known first-token times on the stored answers (misses 100 and 300 ms, hits 10, 30 and 20 ms): the medians
+    # of each kind are then known too.
+    known_ms = dict(zip((m.id for m in electronics + english), (100.0, 10.0, 30.0, 300.0, 20.0)))
+    fresh_desk.db.run(lambda s: [s.execute(update(Message).where(Message.id == i).values(ttft_ms=ms))
+                                 for i, ms in known_ms.items()])
     ttft = fresh_desk.db.run(db_metrics.ttft_split, since=utcnow() - timedelta(minutes=5))
-    rows = electronics + english
-    assert (ttft.num_hits, ttft.num_misses) == (3, 2)
-    assert ttft.hit_p50_ms == statistics.median(m.ttft_ms for m in rows if m.num_cached_tokens)
-    assert ttft.miss_p50_ms == statistics.median(m.ttft_ms for m in rows if not m.num_cached_tokens)
+    assert ttft == TtftSplit(hit_p50_ms=20.0, miss_p50_ms=200.0, num_hits=3, num_misses=2)
 
 
 def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     engine = fresh_desk.engine
-    ask(aio, fresh_desk, "电子产品", "包邮吗？", uuid.uuid4().hex)
     engine.residency.wait_quiet()
-    view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
-    assert (view.num_blocks, view.block_size) == (engine.info.num_blocks, engine.info.block_size)
-    assert view.blocks_used == 0 and view.running == 0  # nothing runs between requests
-    assert view.blocks_used + view.blocks_free == view.num_blocks - 1
-    assert view.blocks_cached == engine.residency.num_cached_blocks()
-    assert view.hit_rate == view.hits / view.queries
+    before = aio(read_cache_view(engine=engine, db=fresh_desk.db))
+    asked = ask(aio, fresh_desk, "电子产品", "包邮吗？", uuid.uuid4().hex)  # a new salt: every block is new
+    engine.residency.wait_quiet()
+
+    def reading():
+        view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
+        return view, (view.queries - before.queries, view.hits - before.hits, view.blocks_cached - before.blocks_cached)
+
+    # vLLM counts the request's queries and hits a step after it, and caches every full block of the tokens it
+    # computed: the prompt and the first of its 2 answer tokens.
+    added = (asked.prompt_tokens, 0, (asked.prompt_tokens + 1) // 32)
+    assert eventually(lambda: reading()[1], added) == added
+    view = reading()[0]
+    assert (view.num_blocks, view.block_size) == (4096, 32)  # 64 MiB of 32-token blocks
+    assert (view.blocks_used, view.blocks_free, view.running) == (0, 4096 - 1, 0)  # nothing runs between requests
     assert view.memory.device == "cpu" and view.memory.kv_cache_bytes == 64 << 20
     assert view.kv_events.missed_batches == 0
 
@@ -77,9 +89,8 @@ def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     started = utcnow()
     aio(sampler.tick())
     [row] = fresh_desk.db.run(db_metrics.samples_since, since=started)
-    assert (row.blocks_used, row.running) == (0, 0)
-    assert row.blocks_cached == engine.residency.num_cached_blocks()
-    assert row.memory_bytes > 0 and 0 <= row.recent_hit_rate <= 1
+    assert (row.blocks_used, row.running, row.blocks_cached) == (0, 0, view.blocks_cached)  # nothing ran since
+    assert row.memory_bytes > 0 and 0 <= row.recent_hit_rate <= 1  # this process's memory; a rate
 
 
 CACHE_OPERATOR = ("op-cache", "cache view secret 7")
@@ -93,10 +104,8 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     for template, question in (("电子产品", "手机保修多久？"), ("服装鞋包", "尺码不合适能换吗？"),
                                ("电子产品", "屏幕碎了怎么办？")):
         ask(aio, services.desk, template, question)
-    deadline = time.monotonic() + 30
-    while len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) < 3:
-        assert time.monotonic() < deadline, "the sampler wrote no samples"
-        time.sleep(0.5)
+    wait_until(lambda: len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) >= 3,
+               30, "the sampler to write 3 samples", poll_s=0.5)
 
     page = console_page(browser, server_url, account, width=1500, height=1300)
     page.get_by_role("tab", name="缓存").click()
