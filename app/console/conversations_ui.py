@@ -142,14 +142,16 @@ def build_conversations_tab(console: Console):
     gr.Markdown(t["conv_help"])
     with gr.Row():
         text = gr.Textbox(label=t["conv_search"], max_length=MAX_SEARCH_CHARS, elem_id="conv-search", scale=3)
-        template = gr.Dropdown([("—", "")], value="", label=t["conv_template"], elem_id="conv-template", scale=2)
-        version = gr.Number(label=t["conv_version"], precision=0, minimum=1, elem_id="conv-version", scale=1)
-        rating = gr.Dropdown([(t["conv_any"], ""), ("👍", "up"), ("👎", "down"), (t["conv_unrated"], "unrated")],
+        template = gr.Dropdown([("—", "")], value="", allow_custom_value=True, label=t["conv_template"],
+                               elem_id="conv-template", scale=2)
+        version = gr.Textbox(label=t["conv_version"], max_length=12, elem_id="conv-version", scale=1)
+        rating = gr.Dropdown([(t["conv_any"], ""), (t["conv_up"], "up"), (t["conv_down"], "down"),
+                              (t["conv_unrated"], "unrated")],
                              value="", label=t["conv_rating"], elem_id="conv-rating", scale=1)
         status = gr.Dropdown([(t["conv_any"], "")] + [(t[f"status_{s}"], s) for s in db_review.STATUSES if s],
                              value="", label=t["conv_status"], elem_id="conv-status", scale=1)
-        tenant = gr.Dropdown([(t["conv_all_tenants"], "*")], value="*", label=t["conv_tenant"], elem_id="conv-tenant",
-                             visible=False, scale=1)
+        tenant = gr.Dropdown([(t["conv_all_tenants"], "*")], value="*", allow_custom_value=True,
+                             label=t["conv_tenant"], elem_id="conv-tenant", visible=False, scale=1)
     with gr.Row():
         search_btn = gr.Button(t["conv_search_button"], variant="primary", elem_id="conv-search-button", size="sm")
         prev_btn = gr.Button(t["conv_prev"], size="sm", elem_id="conv-prev")
@@ -161,7 +163,7 @@ def build_conversations_tab(console: Console):
                          elem_id="conv-table", max_height=420)
     ids = gr.State([])
     with gr.Row():
-        open_id = gr.Number(label=t["conv_id"], precision=0, minimum=1, elem_id="conv-open-id", scale=1)
+        open_id = gr.Number(label=t["conv_id"], precision=0, elem_id="conv-open-id", scale=1)
         open_btn = gr.Button(t["conv_open"], size="sm", elem_id="conv-open", scale=1)
     headline = gr.Markdown(elem_id="conv-headline")
     transcript = gr.HTML(elem_id="conv-transcript")
@@ -175,7 +177,7 @@ def build_conversations_tab(console: Console):
         fmt = gr.Radio([("CSV", "csv"), ("JSONL", "jsonl")], value="csv", label=t["conv_export_as"],
                        elem_id="conv-export-format")
         export_btn = gr.Button(t["conv_export"], size="sm", elem_id="conv-export")
-    exported = gr.File(label=t["conv_exported_file"], elem_id="conv-exported", interactive=False)
+    exported = gr.File(label=t["conv_exported_file"], elem_id="conv-exported", interactive=False, height=90)
     api_search = gr.Button(visible=False)  # the list with its page number, for scripts
 
     filters = [text, template, version, rating, status, tenant]
@@ -232,11 +234,11 @@ def list_rows(page: ReviewPage, t: dict, *, hide: bool, now: datetime) -> list[l
 
 
 def who_answers(r: ReviewRow, t: dict, now: datetime) -> str:
-    """⏳ and how long a customer has waited for a person, 🙋 the operator who has the conversation."""
+    """How long a customer has waited for a person, or the operator who has the conversation."""
     if r.handoff == "waiting" and r.handoff_requested_at is not None:
-        return "⏳ " + t["conv_waiting_for"].format(wait=waited(now - r.handoff_requested_at, t))
+        return t["conv_waiting_for"].format(wait=waited(now - r.handoff_requested_at, t))
     if r.handoff == "person":
-        return "🙋 " + t["conv_with"].format(operator=r.handoff_operator)
+        return t["conv_with"].format(operator=r.handoff_operator)
     return ""
 
 
@@ -283,8 +285,9 @@ def answer_stats(m: MessageRow, t: dict, *, hide: bool) -> str:
     if m.error and not hide:
         items.append(t["stat_error"].format(error=m.error))
     if m.rating is not None:
-        mark = "👍" if m.rating > 0 else "👎"
-        items.append(f"{mark} {m.rating_reason}" if m.rating_reason and not hide else mark)
+        rating = t["stat_up"] if m.rating > 0 else t["stat_down"]
+        items.append(t["stat_reason"].format(rating=rating, reason=m.rating_reason)
+                     if m.rating_reason and not hide else rating)
     return " · ".join(items)
 
 
@@ -300,11 +303,12 @@ def _summary(page: ReviewPage, t: dict) -> str:
 
 
 def _filter(text, template, version, rating, status, tenant) -> ReviewFilter:
-    """The filter fields as typed; version and tenant come from Gradio as a float (or None) and "*" for all."""
-    if version is not None and not isinstance(version, bool) and isinstance(version, (int, float)):
-        if version != int(version):
-            raise ReviewInputError("The version filter must be a whole number.")
-        version = int(version)
+    """The filter fields as typed: a version as "2" or "v2" (empty: every version), the tenant "*" for all."""
+    if isinstance(version, str):
+        digits = version.strip().removeprefix("v").removeprefix("V")
+        if digits and not (digits.isascii() and digits.isdigit()):
+            raise ReviewInputError("The version filter is a version number such as 2, or empty.")
+        version = int(digits) if digits else None
     return ReviewFilter(text=text if text is not None else "", template=template or "", version=version,
                         rating=rating or "", status=status or "", tenant=None if tenant in (None, "*") else tenant)
 

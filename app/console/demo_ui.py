@@ -117,7 +117,8 @@ def build_demo_tab(console: Console):
 
     gr.Markdown(t["demo_help"])
     with gr.Row():
-        template = gr.Dropdown([], label=t["demo_template"], elem_id="demo-template", scale=2)
+        template = gr.Dropdown([], allow_custom_value=True, label=t["demo_template"], elem_id="demo-template",
+                               scale=2)
         cold_question = gr.Textbox(label=t["demo_question_cold"], elem_id="demo-question",
                                    max_length=MAX_QUESTION_CHARS, scale=3)
         warm_question = gr.Textbox(label=t["demo_question_warm"], elem_id="demo-question-warm",

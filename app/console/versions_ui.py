@@ -78,14 +78,16 @@ def build_versions_tab(console: Console):
 
     gr.Markdown(t["ver_help"])
     with gr.Row():
-        template = gr.Dropdown([], label=t["ver_template"], elem_id="ver-template", scale=3)
+        template = gr.Dropdown([], allow_custom_value=True, label=t["ver_template"], elem_id="ver-template",
+                               scale=3)
         refresh_btn = gr.Button(t["refresh"], size="sm", elem_id="ver-refresh", scale=1)
     split = gr.Markdown(elem_id="ver-split")
     versions = gr.Dataframe(headers=headers(console.language, "ver_headers"), interactive=False, wrap=True,
                             elem_id="ver-table", label=t["ver_all"])
     gr.Markdown(t["ver_split_title"])
     with gr.Row():
-        candidate = gr.Dropdown([], label=t["ver_candidate"], elem_id="ver-candidate", scale=2)
+        candidate = gr.Dropdown([], allow_custom_value=True, label=t["ver_candidate"], elem_id="ver-candidate",
+                                scale=2)
         share = gr.Slider(1, 99, value=10, step=1, label=t["ver_share"], elem_id="ver-share", scale=3)
         start_btn = gr.Button(t["ver_start"], variant="primary", size="sm", elem_id="ver-start", scale=1)
     arms = gr.Dataframe(headers=headers(console.language, "ver_headers"), interactive=False, wrap=True,

@@ -11,16 +11,17 @@ import pytest
 from app.console.access import SESSION_COOKIE
 from app.console.i18n import TEXT as CONSOLE_TEXT
 from app.core.prompts import system_text
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
-from tests.helpers.browser import console_page
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
+from tests.helpers.browser import open_tab as open_console_tab
 from tests.helpers.servers import SecondServer, full_blocks, operator
 
 OPERATOR = ("op-browser", "browser secret 42")
 TEXT = "\n".join(f"Policy {i}: parcels of size {i} ship within {i + 1} days." for i in range(10))
 EDITED = TEXT + "\nPolicy 10: oversized parcels ship on Mondays."
-TABS = ("templates", "warmup", "cache", "demo", "audit")  # the tab ids of app/console/ui.py, in order
-TAB_READY = {"templates": "#templates-table", "warmup": "#warm", "cache": "#cache-numbers .pd-card",
-             "demo": "#demo-run", "audit": "#audit-table"}
+# The tab ids of app/console/ui.py, in order.
+TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
+TAB_READY = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
+             "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +48,7 @@ def english(services, engine_loop, tmp_path_factory):
 
 def open_tab(page, tab: str, language: str = "zh") -> None:
     """Select a console tab, through the "more tabs" menu where a narrow screen folds it away."""
-    button = page.locator(f"[role=tab][data-tab-id={tab}]")
-    if button.count() and button.is_visible():
-        button.click()
-    else:
-        page.locator("button[aria-label='More tabs']").click()
-        page.locator(".overflow-dropdown button").filter(has_text=CONSOLE_TEXT[language][f"tab_{tab}"]).click()
-    page.locator(TAB_READY[tab]).first.wait_for(timeout=30_000)
-
-
-def table_rows(page, selector: str) -> list[list[str]]:
-    """A Dataframe's rows as shown: its cells are marked cell-<row>-<column> (a hidden copy sizes the columns)."""
-    return page.locator(selector).evaluate("""table => {
-        const rows = [];
-        for (const cell of table.querySelectorAll('[data-testid^="cell-"]')) {
-            const [, row, column] = cell.dataset.testid.match(/^cell-(\\d+)-(\\d+)$/) || [];
-            if (row !== undefined) (rows[+row] = rows[+row] || [])[+column] = cell.innerText.trim();
-        }
-        return rows;
-    }""")
+    open_console_tab(page, tab, CONSOLE_TEXT[language][f"tab_{tab}"], TAB_READY[tab])
 
 
 def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
@@ -121,9 +104,9 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     open_tab(page, "audit")
     page.locator("#audit-table").get_by_text(template).last.wait_for(timeout=30_000)
     audit = table_rows(page, "#audit-table")
-    pins = [r[1:] for r in audit if r[2:4] == ["pin", template]]
-    assert pins == [[OPERATOR[0], "pin", template, "pinned", "no", "yes"]]
-    assert [r[2] for r in audit if r[3] == template][:4] == ["warmup", "pin", "publish", "save"]  # newest first
+    pins = [r[1:] for r in audit if r[2:4] == ["设为常驻", template]]
+    assert pins == [[OPERATOR[0], "设为常驻", template, "常驻", "否", "是"]]  # the zh console's words
+    assert [r[2] for r in audit if r[3] == template][:4] == ["预热", "设为常驻", "发布", "保存"]  # newest first
     assert_tidy(page)
     screenshot_every_tab(page, "admin")
     page.close()
@@ -203,7 +186,7 @@ def test_the_cache_tab_fits_a_phone_and_its_numbers_are_readable(browser, server
         const apart = label.width === 0 || value.top >= label.bottom || value.left >= label.right;
         return [row.innerText, inside, apart];
     })""")
-    assert len(rows) == 12  # 4 + 3 + 3 + 2 rows in the four cards
+    assert len(rows) == 24  # 8 + 5 + 4 + 4 + 1 + 2 rows in the six cards
     assert [r for r in rows if not (r[1] and r[2])] == []
     screenshot_every_tab(page, "admin")
     page.close()
