@@ -27,14 +27,19 @@ from app.db.rows import SampleRow
 
 REFRESH_S = 2.0
 HISTORY = timedelta(hours=1)  # what the plots show
-PLOT = dict(x="minutes", y="value", color="series", y_title="", height=220)
+
+
+def _plot_columns(t: dict) -> tuple[str, str, str]:
+    """The plots' x, y and series column names: the axis and legend titles, in the console's language."""
+    return t["plot_minutes"], t["plot_value"], t["plot_series"]
 
 CSS = """
 .pd-cards { display: grid; grid-template-columns: repeat(auto-fit, minmax(220px, 1fr)); gap: 10px; }
 .pd-card { border: 1px solid var(--border-color-primary); border-radius: 10px; padding: 10px 14px; }
 .pd-card h4 { margin: 0 0 6px; font-size: 13px; color: var(--body-text-color-subdued); font-weight: 600; }
 .pd-card .pd-row { display: flex; flex-wrap: wrap; justify-content: space-between; column-gap: 8px; font-size: 14px; }
-.pd-card .pd-row b { font-variant-numeric: tabular-nums; margin-left: auto; text-align: right; }
+.pd-card .pd-row b { font-variant-numeric: tabular-nums; margin-left: auto; text-align: right;
+                     overflow-wrap: anywhere; min-width: 0; }
 .cache-tree ul { padding-left: 18px; margin: 2px 0; }
 .cache-tree code { letter-spacing: -1px; color: #f97316; word-break: break-all; }
 .pd-detail { color: var(--body-text-color-subdued); }
@@ -44,6 +49,8 @@ CSS = """
 def build_cache_tab(console: Console):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, engine = console.text, console.access, console.engine
+    x, y, series = _plot_columns(t)
+    PLOT = dict(x=x, y=y, color=series, y_title="", height=220)
 
     cards = gr.HTML(elem_id="cache-numbers")
     replicas = gr.Dataframe(headers=headers(console.language, "replica_headers"), interactive=False,
@@ -245,15 +252,16 @@ def _trees(console: Console, t: dict) -> tuple[str, dict[tuple[str, bool], tuple
 
 def _plots(samples: list[SampleRow], view: CacheView, t: dict) -> tuple:
     now = view.t
+    x, y, column = _plot_columns(t)
 
-    def frame(series: dict[str, Callable[[SampleRow], float | None]]) -> pd.DataFrame:
-        points = [{"minutes": round((s.t - now).total_seconds() / 60, 3), "value": value, "series": name}
-                  for name, get in series.items() for s in samples if (value := get(s)) is not None]
-        return pd.DataFrame(points, columns=["minutes", "value", "series"])
+    def frame(lines: dict[str, Callable[[SampleRow], float | None]]) -> pd.DataFrame:
+        points = [{x: round((s.t - now).total_seconds() / 60, 3), y: value, column: name}
+                  for name, get in lines.items() for s in samples if (value := get(s)) is not None]
+        return pd.DataFrame(points, columns=[x, y, column])
 
     def counts(df: pd.DataFrame):
         # Whole-number axes: without a range, a plot of 0s and 1s labels its ticks "0, 1, 1".
-        top = max(2, math.ceil(df["value"].max() * 1.1)) if len(df) else 2
+        top = max(2, math.ceil(df[y].max() * 1.1)) if len(df) else 2
         return gr.update(value=df, y_lim=[0, top])
 
     return (

