@@ -19,7 +19,7 @@ import pandas as pd
 
 from app.console.context import Console
 from app.console.i18n import headers
-from app.core.cache_tree import cache_tree, render_tree_html, template_counts, template_label
+from app.core.cache_tree import cache_tree, plural, render_tree_html, template_counts, template_label
 from app.core.cache_view import CacheView, read_cache_view, template_residency
 from app.db import audit as db_audit
 from app.db import metrics as db_metrics
@@ -171,7 +171,7 @@ def _cards(view: CacheView, t: dict, kv_cache_metrics: bool) -> str:
 def _rate(rate, t: dict) -> str:
     if rate.hit_rate is None:
         return t["cache_no_answers"]
-    return t["cache_rate_of"].format(rate=f"{rate.hit_rate:.1%}", n=rate.num_answers)
+    return plural(t, "cache_rate_of", rate.num_answers, rate=f"{rate.hit_rate:.1%}")
 
 
 def _waiting(view: CacheView, t: dict) -> str:

@@ -18,6 +18,7 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.core.cache_tree import plural
 from app.core.desk import MAX_MESSAGE_CHARS, clean_text
 from app.db import conversations as db_conversations
 from app.db import review as db_review
@@ -136,8 +137,8 @@ def build_conversations_tab(console: Console):
                 n = await db.read(db_review.export, filter=f, fmt=fmt, out=out, include_text=include_text)
         except REFUSED as exc:
             return t["refused"].format(message=exc), gr.skip()
-        note = t["conv_exported"].format(n=n) + ("" if include_text else " " + t["conv_exported_hidden"])
-        return note, str(path)
+        note = plural(t, "conv_exported", n) + ("" if include_text else " " + t["conv_exported_hidden"])
+        return note, gr.update(value=str(path), visible=True)
 
     gr.Markdown(t["conv_help"])
     with gr.Row():
@@ -177,7 +178,9 @@ def build_conversations_tab(console: Console):
         fmt = gr.Radio([("CSV", "csv"), ("JSONL", "jsonl")], value="csv", label=t["conv_export_as"],
                        elem_id="conv-export-format")
         export_btn = gr.Button(t["conv_export"], size="sm", elem_id="conv-export")
-    exported = gr.File(label=t["conv_exported_file"], elem_id="conv-exported", interactive=False, height=90)
+    # Shown once there is a file: an empty File box shows Gradio's own untranslated status text.
+    exported = gr.File(label=t["conv_exported_file"], elem_id="conv-exported", interactive=False, height=90,
+                       visible=False)
     api_search = gr.Button(visible=False)  # the list with its page number, for scripts
 
     filters = [text, template, version, rating, status, tenant]
@@ -295,11 +298,13 @@ def _headline(r: ReviewRow, t: dict, now: datetime) -> str:
     state = who_answers(r, t, now) or t["conv_with_model"]
     version = f"v{r.version}" if r.version else "—"
     return t["conv_headline"].format(id=r.id, template=r.template, version=version, state=state,
-                                     n=r.num_messages, started=f"{r.created_at:%Y-%m-%d %H:%M}")
+                                     messages=plural(t, "conv_messages", r.num_messages),
+                                     started=f"{r.created_at:%Y-%m-%d %H:%M}")
 
 
 def _summary(page: ReviewPage, t: dict) -> str:
-    return t["conv_page"].format(page=page.page, pages=page.num_pages, total=page.total)
+    return t["conv_page"].format(page=page.page, pages=page.num_pages,
+                                 conversations=plural(t, "tree_conversations", page.total))
 
 
 def _filter(text, template, version, rating, status, tenant) -> ReviewFilter:

@@ -10,7 +10,7 @@ import pytest
 
 from app.console.access import SESSION_COOKIE
 from app.console.i18n import TEXT as CONSOLE_TEXT
-from app.core.prompts import system_text
+from app.core.prompts import common_prefix_len, system_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.browser import open_tab as open_console_tab
 from tests.helpers.servers import SecondServer, full_blocks, operator
@@ -74,6 +74,14 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     page.locator("#save").click()
     status = page.locator("#template-status")
     status.get_by_text(f"已将 '{template}' 保存为版本 2（尚未发布）。", exact=True).wait_for(timeout=30_000)
+    # The diff's version lists know the new version at once, without reopening the template.
+    assert (page.locator("#diff-a input").input_value(), page.locator("#diff-b input").input_value()) == ("1", "2")
+    page.locator("#diff").click()
+    page.locator("#diff-summary").get_by_text("第一个不同的 token").wait_for(timeout=30_000)
+    ids_a, ids_b = (services.prompts.prefix_ids(system_text((x,))) for x in (TEXT, EDITED))
+    first = common_prefix_len(ids_a, ids_b)
+    assert page.locator("#diff-summary").inner_text().startswith(
+        f"第一个不同的 token：{first}（共 {len(ids_a)} / {len(ids_b)}）")
 
     page.locator("#publish").click()  # the version just saved
     page.wait_for_function("document.querySelector('#template-status').innerText.startsWith('已发布')", timeout=60_000)
@@ -159,6 +167,26 @@ def test_the_console_speaks_the_ui_language(browser, request, server_url, accoun
                                          exact=True).wait_for(timeout=30_000)
     screenshot(page, f"admin-{language}")
     page.close()
+
+
+def test_a_wrong_password_keeps_the_name_and_never_the_password(browser, server_url, account):
+    page = browser.new_page(viewport=PHONE)
+    page.goto(server_url + "admin/login")
+    page.locator("#username").fill(account[0])
+    page.locator("#password").fill("not the password 1")
+    page.locator("button[type=submit]").click()
+    page.locator("p.notice").wait_for(timeout=30_000)
+    assert page.locator("p.notice").inner_text() == "用户名或密码错误。"
+    assert (page.locator("#username").input_value(), page.locator("#password").input_value()) == (account[0], "")
+    assert "not the password 1" not in page.content()
+    assert page.evaluate("document.activeElement.id") == "password"  # the operator types the password again
+    assert_tidy(page)
+    screenshot(page, "admin-login-refused")
+    page.close()
+    hostile = '"><script>alert(1)</script>'
+    r = httpx.post(server_url + "admin/login", data={"username": hostile, "password": "x" * 9},
+                   headers={"Accept": "text/html"})
+    assert r.status_code == 401 and hostile not in r.text and "&quot;&gt;&lt;script&gt;" in r.text
 
 
 def test_both_languages_have_the_same_texts_with_the_same_placeholders():

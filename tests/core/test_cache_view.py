@@ -205,3 +205,17 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
     assert_tidy(page)
     screenshot(page, "cache-adds-up")
     page.close()
+
+
+def test_the_tree_says_one_block_and_one_conversation_in_the_singular():
+    from app.console.i18n import TEXT
+    from app.core.cache_tree import CacheTree, TemplateOnNode, TreeNode, render_tree_html
+
+    node = TreeNode((TemplateOnNode("support-en", 1, False, 1, 1, 40),), 1, 1, 1, ())
+    tree = CacheTree((node,), salted_namespaces=1, salted_blocks=1, demo_namespaces=2, demo_blocks=3,
+                     other_branches=0, other_blocks=0)
+    html = render_tree_html(tree, t=TEXT["en"])
+    assert "1 block · 1 conversation · 1 block<" in html
+    assert "demo traffic (Demo tab, not customers): 2 namespaces · 3 blocks" in html
+    assert "private namespaces (tenants, benchmarks): 1 namespace · 1 block" in html
+    assert "1 blocks" not in html and "1 conversations" not in html
