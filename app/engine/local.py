@@ -20,7 +20,8 @@ from pathlib import Path
 
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.engine.monitor import CacheMonitor, stat_logger_factory
-from app.engine.residency import ResidencyMirror, block_counts
+from app.engine.blocks import block_counts
+from app.engine.residency import ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
                               EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings

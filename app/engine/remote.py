@@ -21,7 +21,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from app.engine.replicas import ClusterResidency, Replicas, replica_urls
-from app.engine.residency import block_counts
+from app.engine.blocks import block_counts
 from app.engine.types import (BlockCounts, CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
                               EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings, kv_event_sources

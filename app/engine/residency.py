@@ -19,15 +19,10 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from app.engine.types import BlockCounts
-
-if TYPE_CHECKING:
-    from app.engine.types import Residency
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -292,21 +287,3 @@ def subscriber_address(endpoint: str) -> tuple[bool, str]:
     if "*" in endpoint:
         return False, endpoint.replace("*", "127.0.0.1")
     return True, endpoint
-
-
-def block_counts(*, num_blocks: int, kv_cache_usage: float, residency: Residency,
-                 running: Iterable[tuple[Sequence[int], str | None]]) -> BlockCounts:
-    """Split the usable blocks into held, evictable and empty (see ``BlockCounts``).
-
-    ``running`` holds each running request's token ids so far and its cache salt: every cached block
-    along such a sequence is held by it, so those blocks are cached but not evictable. The mirror
-    follows the engine a step behind, so while requests run the split is that of the last step.
-    """
-    usable = max(num_blocks - 1, 0)  # vLLM keeps one null block out of use
-    held = min(round(kv_cache_usage * usable), usable)
-    on_running: set[int] = set()
-    for token_ids, salt in running:
-        on_running.update(residency.match(token_ids, cache_salt=salt).block_ids)
-    held_cached = min(len(on_running), held)
-    evictable = max(0, min(residency.num_cached_blocks() - held_cached, usable - held))
-    return BlockCounts(usable=usable, held=held, held_cached=held_cached, evictable=evictable)
