@@ -187,28 +187,20 @@ def build_conversations_tab(console: Console):
     listing = [summary, table, page, ids]
     quiet = {"show_progress": "minimal"}
 
-    async def first_page(*args):
-        *values, request = args
-        return await search(*values, 1, request)
+    async def first(text, template, version, rating, status, tenant, request: gr.Request):
+        return await search(text, template, version, rating, status, tenant, 1, request)
 
-    async def step_page(delta: int, *args):
-        *values, current, request = args
-        return await search(*values, _page(current) + delta, request)
+    async def previous(text, template, version, rating, status, tenant, current, request: gr.Request):
+        return await search(text, template, version, rating, status, tenant, _page(current) - 1, request)
 
-    async def previous_page(text, template, version, rating, status, tenant, current, request: gr.Request):
-        return await step_page(-1, text, template, version, rating, status, tenant, current, request)
-
-    async def next_page(text, template, version, rating, status, tenant, current, request: gr.Request):
-        return await step_page(1, text, template, version, rating, status, tenant, current, request)
-
-    async def search_first(text, template, version, rating, status, tenant, request: gr.Request):
-        return await first_page(text, template, version, rating, status, tenant, request)
+    async def following(text, template, version, rating, status, tenant, current, request: gr.Request):
+        return await search(text, template, version, rating, status, tenant, _page(current) + 1, request)
 
     api_search.click(search, [*filters, page], listing, api_name="conversations", **quiet)
-    search_btn.click(search_first, filters, listing, api_visibility="private", **quiet)
-    text.submit(search_first, filters, listing, api_visibility="private", **quiet)
-    prev_btn.click(previous_page, [*filters, page], listing, api_visibility="private", **quiet)
-    next_btn.click(next_page, [*filters, page], listing, api_visibility="private", **quiet)
+    search_btn.click(first, filters, listing, api_visibility="private", **quiet)
+    text.submit(first, filters, listing, api_visibility="private", **quiet)
+    prev_btn.click(previous, [*filters, page], listing, api_visibility="private", **quiet)
+    next_btn.click(following, [*filters, page], listing, api_visibility="private", **quiet)
     table.select(pick_row, ids, [headline, transcript, open_id], api_visibility="private", **quiet)
     open_btn.click(open_conversation, open_id, [headline, transcript, open_id], api_name="transcript", **quiet)
     take_btn.click(take, open_id, [step_status, headline, transcript, reply_box], api_name="take", **quiet)
