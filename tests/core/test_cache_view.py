@@ -17,7 +17,7 @@ from app.db import metrics as db_metrics
 from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import utcnow
-from tests.helpers.browser import PHONE, assert_tidy, console_page, screenshot, table_rows
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 
@@ -166,7 +166,7 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
     services.engine.residency.wait_quiet()
     assert aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5))) == answers_before
 
-    page = console_page(browser, server_url, account, width=1500, height=1300)
+    page = console_page(browser, server_url, account, **DESKTOP)
     page.get_by_role("tab", name="缓存").click()
     page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
     page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)
