@@ -234,6 +234,9 @@ class Settings:
     kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
     kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
                                        "ipc socket in the temp folder.", check=_zmq_endpoint)
+    kv_cache_metrics: bool = _setting(False, "Let vLLM sample KV blocks as they are evicted (its --kv-cache-metrics, 1% "
+                                      "of blocks): the cache page then shows how long blocks live and sit idle "
+                                      "before eviction.")
     sample_interval_s: float = _setting(2.0, "Seconds between the cache samples kept for the console's plots.",
                                         check=at_least(0.1, " seconds"))
     sample_retention_h: int = _setting(168, "Hours of cache samples kept in the database; older ones are deleted.",

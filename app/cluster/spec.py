@@ -209,6 +209,8 @@ def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: st
         argv += ["--stream-interval", str(flags.stream_interval)]
     if settings.engine_step_delays:
         argv += ["--logits-processors", STEP_DELAY_PROCESSOR]
+    if settings.kv_cache_metrics:
+        argv.append("--kv-cache-metrics")
     if on_cpu:
         argv += ["--kv-cache-memory-bytes", str(settings.kv_cache_mib << 20)]
     else:

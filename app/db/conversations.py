@@ -6,23 +6,28 @@ row as ok, stopped or error with its stats.
 
 A conversation is answered by the model until its customer asks for a person (``request_person``:
 handoff "waiting"); an operator then takes it (``take``: "person"), writes replies that are stored as
-answers with the operator as author (``person_reply``), and hands it back (``release``). Operators'
-actions are audited in the same transaction. Every function that a customer's request reaches takes
-the customer's ``session_key`` and acts only on conversations it owns.
+answers with the operator as author (``person_reply``), and hands it back (``release``). While a
+person answers, ``begin_turn`` stores the customer's message alone (no answer row for the model to
+fill), and the chat polls ``messages_after`` for the person's replies. Operators' actions are
+audited in the same transaction. Every function that a customer's request reaches takes the
+customer's ``session_key`` and acts only on conversations it owns.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db import audit
 from app.db.models import Conversation, Message, Rating, Template, utcnow
-from app.db.rows import AnswerResult, ConversationRow, MessageRow, TurnIds
+from app.db.rows import AnswerResult, ConversationRow, ConversationState, MessageRow, TurnIds
 
 TITLE_CHARS = 60
 MAX_REASON_CHARS = 500
 HANDOFF_STATES = ("", "waiting", "person")
+MAX_POLL_MESSAGES = 50
 
 
 class NotYours(LookupError):
@@ -34,6 +39,15 @@ class NotYours(LookupError):
 
 class HandoffError(ValueError):
     """A hand-off step that does not fit the conversation's state; the message says what it is."""
+
+
+class WithPerson(LookupError):
+    """The conversation is answered by a person (``handoff`` "waiting" or "person"), not by the model;
+    ``message_id`` is its last question."""
+
+    def __init__(self, handoff: str, message_id: int) -> None:
+        super().__init__("a person answers this conversation")
+        self.handoff, self.message_id = handoff, message_id
 
 
 def owner(s: Session, *, conversation_id: int) -> str | None:
@@ -56,6 +70,12 @@ def list_for(s: Session, *, session_key: str, limit: int = 50) -> list[Conversat
             for c, name, n in rows]
 
 
+def state_of(s: Session, *, conversation_id: int) -> ConversationState | None:
+    """The conversation's owner, hand-off state and version; None when it does not exist."""
+    c = s.get(Conversation, conversation_id)
+    return None if c is None else ConversationState(c.session_key, c.handoff, c.template_version_id)
+
+
 def template_of(s: Session, *, conversation_id: int) -> str | None:
     return s.scalar(select(Template.name).join(Conversation, Conversation.template_id == Template.id)
                     .where(Conversation.id == conversation_id))
@@ -70,36 +90,53 @@ def messages(s: Session, *, conversation_id: int) -> list[MessageRow]:
 
 
 def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, template_id: int,
-               template_version_id: int, text: str, tenant: str = "") -> TurnIds:
+               template_version_id: int, text: str, tenant: str = "",
+               arm: Callable[[int], int] | None = None) -> TurnIds:
     """Store the user's message (and a new conversation if ``conversation_id`` is None) with an empty
-    answer row of status ``generating``."""
+    answer row of status ``generating``.
+
+    A new conversation gets the version ``arm(conversation id)`` picks when ``arm`` is given (a live
+    split), else ``template_version_id``. In a conversation a person answers, the message is stored
+    alone: the returned ``answer_id`` is None and ``handoff`` says who has it.
+    """
+    handoff = ""
     if conversation_id is None:
         conv = Conversation(session_key=session_key, template_id=template_id, title=text[:TITLE_CHARS], tenant=tenant,
                             template_version_id=template_version_id)
         s.add(conv)
         s.flush()
         conversation_id = conv.id
+        if arm is not None:
+            conv.template_version_id = template_version_id = arm(conv.id)
+    else:
+        conv = s.get(Conversation, conversation_id)
+        handoff = conv.handoff if conv is not None else ""
     now = utcnow()
     user = Message(conversation_id=conversation_id, role="user", text=text, status="ok",
                    template_version_id=template_version_id, created_at=now, finished_at=now)
-    answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
-                     template_version_id=template_version_id)
-    s.add_all([user, answer])
+    answer = None
+    if not handoff:
+        answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+                         template_version_id=template_version_id)
+    s.add_all([user] + ([answer] if answer else []))
     s.flush()
-    return TurnIds(conversation_id, user.id, answer.id)
+    return TurnIds(conversation_id, user.id, answer.id if answer else None, template_version_id, handoff)
 
 
 def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_version_id: int) -> TurnIds:
     """Replace the last answer of a conversation with a new empty one: the old answer row is marked
     ``replaced`` (kept for the record, never shown or sent as context again). Raises LookupError when
     the conversation is not this browser's or has no question to answer again."""
-    if owner(s, conversation_id=conversation_id) != session_key:
+    conv = s.get(Conversation, conversation_id)
+    if conv is None or conv.session_key != session_key:
         raise LookupError("That conversation does not exist here; please start a new one.")
     rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
                                            Message.status != "replaced").order_by(Message.id)).all()
     last_user = next((m for m in reversed(rows) if m.role == "user"), None)
     if last_user is None:
         raise LookupError("This conversation has no question to answer again.")
+    if conv.handoff:
+        raise WithPerson(conv.handoff, last_user.id)
     for m in rows:
         if m.id > last_user.id and m.role == "assistant":
             m.status = "replaced"
@@ -107,7 +144,7 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
                      template_version_id=template_version_id)
     s.add(answer)
     s.flush()
-    return TurnIds(conversation_id, last_user.id, answer.id)
+    return TurnIds(conversation_id, last_user.id, answer.id, template_version_id)
 
 
 def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> MessageRow:
@@ -172,6 +209,17 @@ def request_person(s: Session, *, session_key: str, conversation_id: int) -> boo
     return True
 
 
+def messages_after(s: Session, *, session_key: str, conversation_id: int, after_id: int,
+                   limit: int = MAX_POLL_MESSAGES) -> list[MessageRow]:
+    """The conversation's finished messages with an id above ``after_id``, oldest first, at most ``limit``:
+    what a chat that shows messages up to ``after_id`` polls for (a person's replies). One indexed query."""
+    _own(s, session_key, conversation_id)
+    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.id > after_id,
+                                           Message.status.not_in(("generating", "replaced")))
+                     .order_by(Message.id).limit(max(1, min(limit, MAX_POLL_MESSAGES)))).all()
+    return [_row(m) for m in rows]
+
+
 def handoff_of(s: Session, *, conversation_id: int) -> str:
     """"" (the model answers), "waiting" or "person"; "" for a conversation that does not exist."""
     return s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or ""
@@ -217,6 +265,11 @@ def release(s: Session, *, conversation_id: int, operator: str) -> None:
     c.handoff, c.handoff_operator, c.handoff_requested_at = "", "", None
     audit.record(s, user=operator, action="release conversation", target=str(conversation_id), field="answered by",
                  before=before, after="model")
+
+
+def message_row(m: Message, rating: Rating | None = None) -> MessageRow:
+    """A stored message (with its rating) as the frozen row callers get."""
+    return _row(m, rating)
 
 
 def _own(s: Session, session_key: str, conversation_id: int) -> Conversation:

@@ -34,6 +34,7 @@ class Template(Base):
         ForeignKey("template_versions.id", use_alter=True, name="fk_templates_candidate_version")
     )
     candidate_share: Mapped[float] = mapped_column(default=0.0)
+    candidate_since: Mapped[datetime | None]  # when the split began: its arms are compared from then on
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None]
 
@@ -62,7 +63,11 @@ class TemplateVersion(Base):
 
 class Conversation(Base):
     __tablename__ = "conversations"
-    __table_args__ = (Index("ix_conversations_session_key", "session_key"),)
+    __table_args__ = (Index("ix_conversations_session_key", "session_key"),
+                      Index("ix_conversations_template_id", "template_id"),
+                      Index("ix_conversations_template_version_id", "template_version_id"),
+                      Index("ix_conversations_handoff", "handoff"),
+                      Index("ix_conversations_tenant", "tenant"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     session_key: Mapped[str] = mapped_column(String(64))
@@ -85,7 +90,9 @@ class Conversation(Base):
 
 class Message(Base):
     __tablename__ = "messages"
-    __table_args__ = (Index("ix_messages_conversation_id", "conversation_id"),)
+    __table_args__ = (Index("ix_messages_conversation_id", "conversation_id"),
+                      Index("ix_messages_template_version_id", "template_version_id"),
+                      Index("ix_messages_finished_at", "finished_at"))
 
     id: Mapped[int] = mapped_column(primary_key=True)
     conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id"))
@@ -145,7 +152,8 @@ class CacheSample(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     t: Mapped[datetime] = mapped_column(default=utcnow, index=True)
-    recent_hit_rate: Mapped[float]  # vLLM's cached / queried prompt tokens over the last minute
+    recent_hit_rate: Mapped[float]  # vLLM's cached / queried prompt tokens over the last minute (every request)
+    customer_hit_rate: Mapped[float | None]  # the same over customers' stored answers; None: none in that minute
     kv_cache_usage: Mapped[float]
     blocks_used: Mapped[int]
     blocks_cached: Mapped[int]

@@ -12,11 +12,13 @@ import os
 from pathlib import Path
 
 from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
-from app.engine.types import (CacheSnapshot, Delta, Engine, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats, Residency)
+from app.engine.types import (BlockCounts, CacheSnapshot, Delta, Engine, EngineBusy, EngineError, EngineInfo,
+                              EngineRejected, EngineStartError, EvictionSample, Health, PromptTokenSources, ReplicaView,
+                              RequestStats, Residency, WaitingReasons)
 from app.settings import Settings
 
 __all__ = [
+    "BlockCounts", "EvictionSample", "PromptTokenSources", "WaitingReasons",
     "CacheBranch", "CacheSnapshot", "Delta", "Engine", "EngineBusy", "EngineError", "EngineInfo", "EngineRejected",
     "EngineStartError", "Health", "KVEventStats", "ReplicaView", "RequestStats", "Residency", "ResidencyMatch", "ResidencyMirror",
     "build_engine", "resolve_model_path", "resolve_tokenizer",

@@ -16,11 +16,13 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
+from app.engine.blocks import block_counts
 from app.engine.precision import check_quantization, describe_precision
 from app.engine.residency import ResidencyMirror
 from app.engine.types import (STEP_DELAY_ARG, STEP_DELAY_PROCESSOR, CacheSnapshot, Delta, EngineBusy, EngineError,
@@ -30,6 +32,16 @@ from app.settings import Settings
 log = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 1.0
+
+
+@dataclass
+class _Running:
+    """A request in flight: when it was sent, and its tokens so far (the blocks it holds)."""
+
+    sent_at: float
+    token_ids: list[int]
+    cache_salt: str | None
+    generated: list[int] = field(default_factory=list)
 
 
 def resolve_model_path(settings: Settings) -> Path | str:
@@ -61,8 +73,8 @@ class LocalEngine:
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
         self.max_concurrent_requests = settings.max_concurrent_requests or 2 * self.flags.max_num_seqs
-        self._monitor = CacheMonitor()
-        self._active: dict[str, float] = {}  # request id -> when it was sent
+        self._monitor = CacheMonitor(evictions_enabled=settings.kv_cache_metrics)
+        self._active: dict[str, _Running] = {}
         self._ids = itertools.count()
         self._last_output = time.monotonic()
         self._stalled = ""  # why the running core was declared dead without dying ("" while it is fine)
@@ -91,6 +103,7 @@ class LocalEngine:
             stream_interval=flags.stream_interval,
             enable_prefix_caching=flags.prefix_caching,
             disable_log_stats=False,
+            kv_cache_metrics=settings.kv_cache_metrics,
             seed=settings.seed,
             **({"attention_backend": backend} if backend else {}),
             logits_processors=[STEP_DELAY_PROCESSOR] if settings.engine_step_delays else None,
@@ -180,7 +193,7 @@ class LocalEngine:
             prompt["cache_salt"] = cache_salt
         request_id = request_id or f"pd-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
-        self._active[request_id] = time.monotonic()
+        running = self._active[request_id] = _Running(time.monotonic(), prompt["prompt_token_ids"], cache_salt)
         first = last = None
         output_tokens = 0
         num_cached_tokens = 0
@@ -195,6 +208,7 @@ class LocalEngine:
                     num_cached_tokens = out.num_cached_tokens
                 if completion.token_ids:
                     output_tokens += len(completion.token_ids)
+                    running.generated.extend(completion.token_ids)
                     first = first or now
                     last = now
                 if completion.finish_reason:
@@ -241,7 +255,12 @@ class LocalEngine:
     # -- watching ----------------------------------------------------------------------------
 
     def snapshot(self) -> CacheSnapshot:
-        return self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
+        snap = self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
+        if self.residency is None:
+            return snap
+        running = [(r.token_ids + r.generated, r.cache_salt) for r in list(self._active.values())]
+        return replace(snap, blocks=block_counts(num_blocks=snap.num_blocks, kv_cache_usage=snap.kv_cache_usage,
+                                                 residency=self.residency, running=running))
 
     def num_unfinished_requests(self) -> int:
         """Requests vLLM still tracks (running, waiting or not yet cleaned up after an abort)."""
@@ -261,7 +280,7 @@ class LocalEngine:
         """Seconds the engine has had requests in flight without handing any of them an output."""
         if not self._active:
             return 0.0
-        since = max(self._last_output, min(self._active.values()))
+        since = max(self._last_output, min(r.sent_at for r in list(self._active.values())))
         return time.monotonic() - since
 
     async def health(self) -> Health:

@@ -291,6 +291,16 @@ def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, 
     snapshot = remote_engine.snapshot
     assert eventually(lambda: (snapshot().queries, snapshot().hits), expected) == expected
     assert (snapshot().num_blocks, snapshot().block_size) == (2 * 4096, 32)
+    # vLLM's prompt-token sources from each replica's /metrics: these prompts' tokens, each from one source.
+    after = snapshot()
+    sources = [(x.computed, x.local_cache_hit, x.external_kv_transfer, x.cached)
+               for x in (before.prompt_tokens, after.prompt_tokens)]
+    computed, local, external, cached = (b - a for a, b in zip(*sources))
+    assert (computed + local, local, external, cached) == (sum(s.prompt_tokens for s in asked),
+                                                           sum(s.num_cached_tokens for s in asked), 0, local)
+    assert (after.preemptions, after.waiting_by_reason.capacity, after.waiting_by_reason.deferred) == (0, 0, 0)
+    assert after.evictions is None  # the replicas run without --kv-cache-metrics
+    assert (after.blocks.usable, after.blocks.held) == (2 * 4095, 0)
 
 
 def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains, whole):

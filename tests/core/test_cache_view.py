@@ -1,5 +1,6 @@
 """The cache view's numbers, from real requests stored in a fresh database."""
 
+import re
 import uuid
 from datetime import timedelta
 
@@ -11,12 +12,13 @@ from app.core.background import CacheSampler
 from app.core.cache_view import read_cache_view
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Finished
+from app.core.prompts import system_text
 from app.db import metrics as db_metrics
 from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import Message, utcnow
 from app.db.rows import TtftSplit
-from tests.helpers.browser import console_page
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 from tests.helpers.waiting import eventually, wait_until
@@ -73,15 +75,27 @@ def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
 
     def reading():
         view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
-        return view, (view.queries - before.queries, view.hits - before.hits, view.blocks_cached - before.blocks_cached)
+        return view, (view.queries - before.queries, view.hits - before.hits, view.blocks_cached - before.blocks_cached,
+                      view.prompt_tokens.computed - before.prompt_tokens.computed,
+                      view.prompt_tokens.local_cache_hit - before.prompt_tokens.local_cache_hit)
 
     # vLLM counts the request's queries and hits a step after it, and caches every full block of the tokens it
-    # computed: the prompt and the first of its 2 answer tokens.
-    added = (asked.prompt_tokens, 0, (asked.prompt_tokens + 1) // 32)
+    # computed: the prompt and the first of its 2 answer tokens; every prompt token was computed, none came from
+    # the cache.
+    added = (asked.prompt_tokens, 0, (asked.prompt_tokens + 1) // 32, asked.prompt_tokens, 0)
     assert eventually(lambda: reading()[1], added) == added
     view = reading()[0]
     assert (view.num_blocks, view.block_size) == (4096, 32)  # 64 MiB of 32-token blocks
     assert (view.blocks_used, view.blocks_free, view.running) == (0, 4096 - 1, 0)  # nothing runs between requests
+    # Every usable block in one state: nothing held between requests, so the cached ones are all evictable, and
+    # vLLM's "free" is the empty and the evictable ones together.
+    b = view.blocks
+    cached = engine.residency.num_cached_blocks()
+    assert (b.usable, b.held, b.held_cached, b.evictable, b.empty, b.free) == (4095, 0, 0, cached, 4095 - cached, 4095)
+    assert view.blocks_cached == cached and view.prompt_tokens.external_kv_transfer == 0
+    assert view.preemptions == 0 and (view.waiting_by_reason.capacity, view.waiting_by_reason.deferred) == (0, 0)
+    assert view.evictions is None  # PREFIXDESK_KV_CACHE_METRICS is off
+    assert (view.customers_recent.num_answers, view.customers_recent.prompt_tokens) == (1, asked.prompt_tokens)
     assert view.memory.device == "cpu" and view.memory.kv_cache_bytes == 64 << 20
     assert view.kv_events.missed_batches == 0
 
@@ -112,8 +126,7 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
-    page.locator("#cache-templates").get_by_text("9 / 9").first.wait_for(timeout=30_000)  # 电子产品 resident
-    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # the tree agrees
+    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # 电子产品 resident
     for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
         page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
     time.sleep(1)  # let the plots draw before the picture
@@ -125,3 +138,95 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=30_000)
     page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
     page.close()
+
+
+def card_values(page) -> dict[str, str]:
+    """The cache cards' numbers by their key (data-key on each row)."""
+    return page.locator("#cache-numbers").evaluate("""el => Object.fromEntries([...el.querySelectorAll('.pd-row')]
+        .map(r => [r.dataset.key, r.querySelector('b').innerText.trim()]))""")
+
+
+def tree_numbers(page) -> dict[str, tuple[int, int, int]]:
+    """Per template drawn in the tree: (resident blocks, prefix blocks, conversations counted under it)."""
+    items = page.locator("#cache-tree").evaluate("""el => [...el.querySelectorAll('li')].filter(li => li.querySelector(':scope > b'))
+        .map(li => [li.querySelector(':scope > b').innerText, li.querySelector(':scope > .pd-detail').innerText])""")
+    out = {}
+    for title, detail in items:
+        conversations = re.search(r"(\d+) 段对话", detail)
+        for part in title.split(" · "):
+            name, _, blocks = part.rpartition(" — ")
+            resident, total = map(int, blocks.split("/"))
+            out[name] = (resident, total, int(conversations.group(1)) if conversations else 0)
+    return out
+
+
+def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(services, aio, server_url, browser,
+                                                                          console):
+    from app.core.demo import cold_vs_warm, demo_questions
+
+    account = operator(services, *CACHE_OPERATOR)
+    aio(services.engine.reset_prefix_cache())
+    asked = (("电子产品", "手机保修多久，换新要多长时间呢？请详细说明流程"), ("服装鞋包", "尺码不合适能换吗？"),
+             ("support-en", "Where is my order?"))
+    for template, question in asked:
+        ask(aio, services.desk, template, question)
+    answers_before = aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5)))
+    # The demo's traffic runs in namespaces of its own: never a customer's conversation, never stored.
+    aio(cold_vs_warm(services.engine, services.prompts, services.catalog.get("电商客服").chain,
+                     *demo_questions("zh"), max_tokens=2))
+    services.engine.residency.wait_quiet()
+    assert aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5))) == answers_before
+
+    page = console_page(browser, server_url, account, **DESKTOP)
+    page.get_by_role("tab", name="缓存").click()
+    page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
+    page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(2500)  # one more refresh: the view of a quiet engine
+    numbers = {k: int(v.replace(",", "")) for k, v in card_values(page).items()
+               if k.startswith("blocks-") and k != "blocks-sum"}
+    snap = services.engine.snapshot().blocks
+    assert numbers == {"blocks-total": snap.usable, "blocks-held": 0, "blocks-evictable": snap.evictable,
+                       "blocks-empty": snap.empty, "blocks-free": snap.free, "blocks-cached": snap.cached}
+    assert numbers["blocks-total"] == numbers["blocks-held"] + numbers["blocks-evictable"] + numbers["blocks-empty"]
+    assert numbers["blocks-free"] == numbers["blocks-empty"] + numbers["blocks-evictable"]
+    assert card_values(page)["blocks-sum"] == f"0 + {snap.evictable:,} + {snap.empty:,}"
+    assert snap.cached == services.engine.residency.num_cached_blocks()
+
+    tree = tree_numbers(page)
+    table = {r[0]: tuple(int(x) for x in r[3:6]) for r in table_rows(page, "#cache-templates")}
+    assert set(tree) == {"商城通用规则", "电子产品", "服装鞋包", "support-en"}
+    assert {name: table[name] for name in tree} == tree  # the same numbers in both
+    # The demo asked with 电商客服's prefix, in its own namespace: none of it is the customers' 电商客服.
+    prefix_blocks = len(services.catalog.prefix_ids("电商客服")) // services.engine.info.block_size
+    assert table["电商客服"] == (0, prefix_blocks, 0)
+    # A customer's conversation is cached past its template's prefix once its prompt and answer (2 tokens; the last
+    # one's block not yet stored) fill a block beyond the prefix's full blocks.
+    block = services.engine.info.block_size
+    expected = {}
+    for template, question in asked:
+        prompt = services.prompts.build(system_text(services.catalog.get(template).chain), [], question)
+        expected[template] = int((len(prompt.token_ids) + 1) // block > prompt.prefix_tokens // block)
+    assert {name: tree[name][2] for name in expected} == expected == {"电子产品": 1, "服装鞋包": 1, "support-en": 0}
+    demo_line = page.locator("#cache-tree li.demo").inner_text()
+    assert demo_line.startswith("演示流量（演示页，非顾客）：1 个命名空间 · ")
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(500)
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
+    page.close()
+
+
+def test_the_tree_says_one_block_and_one_conversation_in_the_singular():
+    from app.console.i18n import TEXT
+    from app.core.cache_tree import CacheTree, TemplateOnNode, TreeNode, render_tree_html
+
+    node = TreeNode((TemplateOnNode("support-en", 1, False, 1, 1, 40),), 1, 1, 1, ())
+    tree = CacheTree((node,), salted_namespaces=1, salted_blocks=1, demo_namespaces=2, demo_blocks=3,
+                     other_branches=0, other_blocks=0)
+    html = render_tree_html(tree, t=TEXT["en"])
+    assert "1 block · 1 conversation · 1 block<" in html
+    assert "demo traffic (Demo tab, not customers): 2 namespaces · 3 blocks" in html
+    assert "private namespaces (tenants, benchmarks): 1 namespace · 1 block" in html
+    assert "1 blocks" not in html and "1 conversations" not in html
