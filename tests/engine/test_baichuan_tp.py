@@ -14,7 +14,7 @@ from app.engine.models.baichuan_tiny import read_weights
 
 from tests.helpers.baichuan import logprobs
 from tests.helpers.servers import settings_for
-from test_baichuan_engine import LOGPROB_TOLERANCE, baichuan_forward
+from tests.engine.test_baichuan_engine import LOGPROB_TOLERANCE, baichuan_forward
 
 
 @pytest.fixture(scope="module")
