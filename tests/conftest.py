@@ -22,7 +22,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment above)
 from tests.helpers.servers import (EDGE_LIMITS, EDGE_OPERATOR, OUTPUT_DIR, AppProcess, SecondServer,  # noqa: E402
-                                   app_env, settings_for, start_services)
+                                   app_env, serving, settings_for, start_services)
+from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
 
@@ -86,8 +87,6 @@ def block_size(engine) -> int:
 @pytest.fixture(scope="session")
 def server_url(services, engine_loop):
     """A real uvicorn server for the app, on the engine's loop, on a free port."""
-    import time
-
     import uvicorn
 
     from app.web.server import create_app, uvicorn_config
@@ -95,12 +94,7 @@ def server_url(services, engine_loop):
     config = uvicorn_config(create_app(services), services.settings, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(), engine_loop)
-    deadline = time.monotonic() + 30
-    while not server.started or not (services.ready and services.ready.is_set()):
-        if future.done():
-            future.result()
-        assert time.monotonic() < deadline, "server did not start in 30 s"
-        time.sleep(0.05)
+    wait_until(lambda: serving(server, future, services), 30, "the server to start")
     yield f"http://127.0.0.1:{services.settings.port}/"
     server.should_exit = True
     future.result(timeout=30)
@@ -164,3 +158,22 @@ def edge(tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+# -- the Baichuan2 plugin's tests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def baichuan_plugin(tmp_path_factory) -> None:
+    """The plugin's entry point, visible to this process and every process it starts."""
+    from tests.helpers.baichuan import make_plugin_visible
+
+    make_plugin_visible(tmp_path_factory.mktemp("plugin-dist"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """The tiny checkpoint of each kind ("7b": RoPE, safetensors; "13b": ALiBi, pytorch .bin)."""
+    from tests.helpers.baichuan import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-baichuan"))

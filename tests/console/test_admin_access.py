@@ -1,7 +1,6 @@
 """Who may use the console: logins, sessions in the database, logout, expiry, and the per-client delay."""
 
 import asyncio
-import time
 
 import httpx
 import pytest
@@ -9,23 +8,14 @@ from gradio_client import Client
 
 from app.console import operators
 from app.console.access import ConsoleAccess, LoginRefused, LoginThrottle
+from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import operator
 
 OPERATOR = ("op-access", "a long enough passphrase")
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_never_wait():
-    clock = Clock()
+    clock = ManualClock()
     throttle = LoginThrottle(3, clock=clock)
     for _ in range(3):  # the free attempts
         assert throttle.admit("203.0.113.9") == 0
@@ -33,32 +23,32 @@ def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_n
     waits = []
     for _ in range(5):
         waits.append(throttle.admit("203.0.113.9"))  # refused: how long to wait
-        clock.now += waits[-1]
+        clock.advance(waits[-1])
         assert throttle.admit("203.0.113.9") == 0
         throttle.finished("203.0.113.9", ok=False)
     assert waits == [1, 2, 4, 8, 16]
     assert throttle.admit("198.51.100.1") == 0  # the operator, from another address, never waits
     throttle.finished("198.51.100.1", ok=True)
     for _ in range(20):
-        clock.now += throttle.admit("203.0.113.9")
+        clock.advance(throttle.admit("203.0.113.9"))
         throttle.admit("203.0.113.9")
         throttle.finished("203.0.113.9", ok=False)
     assert throttle.wait_s("203.0.113.9") == 300  # capped at five minutes
-    clock.now += 300
+    clock.advance(300)
     assert throttle.admit("203.0.113.9") == 0
     throttle.finished("203.0.113.9", ok=True)  # a success forgives every failure
     assert (throttle.wait_s("203.0.113.9"), throttle.num_clients()) == (0, 0)
 
 
 def test_attempts_count_as_failures_before_they_are_checked():
-    clock = Clock()
+    clock = ManualClock()
     throttle = LoginThrottle(3, clock=clock)
     admitted = [throttle.admit("203.0.113.7") for _ in range(8)]  # a burst: none of them checked yet
     assert admitted == [0, 0, 0, 1, 1, 1, 1, 1]  # the free attempts; the rest wait for their checks, then 1 s
     for _ in range(3):
         throttle.finished("203.0.113.7", ok=False)
     assert throttle.wait_s("203.0.113.7") == 1
-    clock.now += 1
+    clock.advance(1)
     assert throttle.admit("203.0.113.7") == 0
     throttle.finished("203.0.113.7", ok=True)
     assert throttle.admit("203.0.113.7") == 0  # forgiven
@@ -89,16 +79,22 @@ def test_login_opens_a_session_and_logout_in_the_same_browser_ends_it(server_url
 
 def test_a_session_expires_after_its_ttl(services, aio):
     operator(services, *OPERATOR)
-    access = ConsoleAccess(services.db, ttl_s=1, free_attempts=5)
+    clock = ManualClock()
+    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=5, clock=clock)
     token = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
+    assert aio(access.operator_of(token)) == OPERATOR[0]
+    clock.advance(59.5)
     assert aio(access.operator_of(token, fresh=True)) == OPERATOR[0]
-    time.sleep(1.1)
+    assert aio(access.operator_of(token)) == OPERATOR[0]  # cached for the 0.5 s it has left, no longer
+    clock.advance(0.5)
     assert aio(access.operator_of(token, fresh=True)) is None
+    assert aio(access.operator_of(token)) is None
 
 
 def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_address(services, aio):
     operator(services, *OPERATOR)
-    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2)
+    clock = ManualClock()
+    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2, clock=clock)
     for _ in range(2):  # two free attempts, then the next try waits a second
         with pytest.raises(LoginRefused) as exc:
             aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))
@@ -108,7 +104,12 @@ def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_addre
     assert (exc.value.status, exc.value.retry_after_s) == (429, 1)
     assert str(exc.value) == "Too many failed logins from your address; try again in 1 s."
     assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.12"))  # another address: fine
-    time.sleep(1.05)
+    clock.advance(0.5)
+    with pytest.raises(LoginRefused) as exc:
+        aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))  # not yet
+    assert (str(exc.value), exc.value.status, exc.value.retry_after_s) == (
+        "Too many failed logins from your address; try again in 1 s.", 429, 1)
+    clock.advance(0.5)
     assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))
 
 

@@ -15,8 +15,10 @@ from pathlib import Path
 from app.cluster.spec import ClusterOptions
 
 from tests.helpers.servers import ROOT, settings_for
+from tests.helpers.waiting import wait_until
 
 STARTUP_TIMEOUT_S = 240
+RESTART_TIMEOUT_S = 150  # a killed replica, started again by the launcher
 
 
 def free_port_run(n: int) -> int:
@@ -52,6 +54,7 @@ class RunningCluster:
         launcher_env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_KV_CACHE_MIB": "64",
                              "PREFIXDESK_MAX_MODEL_LEN": "2048", "PREFIXDESK_MAX_TOKENS": "48",
                              "PREFIXDESK_TEMPLATES_DIR": str(ROOT / "templates"), "PYTHONUNBUFFERED": "1",
+                             "PREFIXDESK_ENGINE_STEP_DELAYS": "true",  # answers that ask may pause (slow_answers)
                              **(env or {})})
         o = self.options
         self.argv = [sys.executable, "-m", "app.cluster", "--no-app", "--device", "cpu", "--replicas", str(replicas),
@@ -71,11 +74,12 @@ class RunningCluster:
 
     def wait_ready(self) -> float:
         started = time.monotonic()
-        while "Ctrl-C stops everything" not in self.output():
-            assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
-            assert time.monotonic() - started < STARTUP_TIMEOUT_S, f"cluster not ready:\n{self.output()}"
-            time.sleep(0.5)
+        wait_until(self._ready, STARTUP_TIMEOUT_S, lambda: f"the cluster to be ready:\n{self.output()}", poll_s=0.5)
         return time.monotonic() - started
+
+    def _ready(self) -> bool:
+        assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
+        return "Ctrl-C stops everything" in self.output()
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")

@@ -22,7 +22,7 @@ import time
 
 import httpx
 
-from tests.helpers.servers import EDGE_LIMITS, SecondServer
+from tests.helpers.servers import EDGE_LIMITS, SecondServer, slow_answers
 
 PER_CLIENT, TOTAL, ARRIVAL_S = (EDGE_LIMITS[k] for k in ("max_connections_per_client", "max_connections",
                                                          "request_arrival_timeout_s"))
@@ -139,14 +139,15 @@ def test_a_request_whose_body_does_not_arrive_in_time_is_answered_408(services, 
 
 
 def test_answers_that_stream_longer_than_the_arrival_timeout_are_not_cut(services, engine_loop, tmp_path):
-    with SecondServer(services, engine_loop, tmp_path, request_arrival_timeout_s=1, max_tokens=600) as url:
+    # 100 tokens, each engine step paused 20 ms: 2 s or more of streaming, twice the arrival timeout.
+    with SecondServer(services, engine_loop, tmp_path, request_arrival_timeout_s=1, **slow_answers(100)) as url:
         models = httpx.get(url + "v1/models").json()["data"]
         body = {"model": models[0]["id"], "messages": [{"role": "user", "content": "hi"}], "stream": True,
-                "max_tokens": 600, "ignore_eos": True, "stream_options": {"include_usage": True}}
+                "max_tokens": 100, "ignore_eos": True, "stream_options": {"include_usage": True}}
         started = time.monotonic()
         with httpx.stream("POST", url + "v1/chat/completions", json=body, timeout=120) as r:
             lines = [line for line in r.iter_lines() if line.startswith("data: ")]
         streamed_s = time.monotonic() - started
         assert lines[-1] == "data: [DONE]"
-        assert '"completion_tokens":600' in lines[-2].replace(" ", "")
-        assert streamed_s > 1.5  # longer than the arrival timeout, and never cut
+        assert '"completion_tokens":100' in lines[-2].replace(" ", "")
+        assert streamed_s > 2.0  # longer than the arrival timeout, and never cut
