@@ -17,7 +17,11 @@ def main(argv: list[str]) -> int:
     if "-h" in argv or "--help" in argv:
         print(help_text())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from app.log_text import OneLineFormatter
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
     try:
         settings = load_settings()
     except SettingsError as exc:
@@ -31,9 +35,11 @@ def main(argv: list[str]) -> int:
 
     from app.engine import EngineStartError
     from app.engine.models.aliases import ModelNotPrepared
+    from app.web.connections import raise_file_limit, total_connections
     from app.web.server import build_services, create_api_app, create_app, serve
 
     try:
+        total_connections(settings, raise_file_limit())  # before the engine's slow start
         services = build_services(settings)
     except (SettingsError, EngineStartError, ModelNotPrepared) as exc:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)

@@ -66,8 +66,26 @@ def _kv_cache_dtype(v: str) -> str | None:
     return None if v in ("", "auto") or v.startswith("fp8") else f"must be empty, auto or an fp8 type, not {v!r}"
 
 
+def zmq_endpoint_problem(endpoint: str) -> str | None:
+    """What is wrong with a KV-event endpoint (``ipc://PATH``, ``tcp://IPV4:PORT`` or ``tcp://*:PORT``), or None.
+
+    A tcp endpoint names the address its publisher binds (vLLM binds only an IPv4 address it is given in
+    a form of its own; app/engine/residency.py), so a host name or an IPv6 address cannot be one."""
+    if endpoint.startswith("ipc://") and len(endpoint) > len("ipc://"):
+        return None
+    host, sep, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if not endpoint.startswith("tcp://") or not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        return f"must be ipc://PATH or tcp://HOST:PORT, not {endpoint!r}"
+    if host != "*":
+        try:
+            ipaddress.IPv4Address(host.removeprefix("[::ffff:").removesuffix("]"))
+        except ValueError:
+            return f"must name an IPv4 address (or *) in {endpoint!r}, the address its publisher listens on"
+    return None
+
+
 def _zmq_endpoint(v: str) -> str | None:
-    return None if not v or v.startswith(("tcp://", "ipc://")) else f"must start with tcp:// or ipc://, not {v!r}"
+    return zmq_endpoint_problem(v) if v else None
 
 
 def _http_urls(v: str) -> str | None:
@@ -110,6 +128,8 @@ def kv_event_sources(text: str) -> dict[str, str]:
         url, sep, endpoint = item.partition("=")
         if not sep or not endpoint.startswith(("tcp://", "ipc://")):
             raise ValueError(f"{item!r} is not REPLICA_URL=tcp://HOST:PORT")
+        if problem := zmq_endpoint_problem(endpoint):
+            raise ValueError(f"the endpoint of {url!r} {problem}")
         sources[url.rstrip("/")] = endpoint
     return sources
 
@@ -147,10 +167,14 @@ class Settings:
                                  "comma-separated (remote engine): the console's per-replica view and the cache reset "
                                  "use them. Empty: ask the router (vllm-router's /list_workers), or with no router use "
                                  "PREFIXDESK_ENGINE_URL itself.", check=_http_urls)
+    engine_api_key: str = _setting("", "Bearer token the app sends to the remote engine (the router and every "
+                                   "replica); python -m app.cluster starts the replicas with it as vLLM's --api-key, "
+                                   "which they then ask for on every route but /health. Empty: none.", secret=True)
     replica_kv_events: str = _setting("", "KV-cache event publishers of the replicas, as REPLICA_URL=ZMQ_ENDPOINT "
-                                      "pairs separated by commas (remote engine). tcp://*:PORT subscribes to a "
-                                      "publisher on this host; tcp://HOST:PORT binds here for a replica that publishes "
-                                      "to this host. Empty: no per-replica residency.",
+                                      "pairs separated by commas (remote engine): tcp://HOST:PORT, the private address "
+                                      "the replica binds its publisher on (python -m app.cluster's --host), which the "
+                                      "app subscribes to; tcp://*:PORT means a publisher on all of this host's "
+                                      "addresses (reached at 127.0.0.1). Empty: no per-replica residency.",
                                       check=_parsed_by(kv_event_sources))
     engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold requests without any progress before "
                                              "/healthz reports it down and it is restarted as after a crash.",
@@ -212,6 +236,17 @@ class Settings:
                                            "limit off.", check=at_least(0))
     queue_max_size: int = _setting(256, "Chat requests the web server holds at once; more are told to retry.",
                                    check=at_least(1))
+    max_connections_per_client: int = _setting(64, "Connections one client address may hold open at once, per web "
+                                               "process; more are closed as they arrive. A trusted proxy's own "
+                                               "connections count only against PREFIXDESK_MAX_CONNECTIONS (limit "
+                                               "per client at the proxy). 0 turns the limit off.", check=at_least(0))
+    max_connections: int = _setting(0, "Connections one web process holds open at once; more are closed as they "
+                                    "arrive. 0 picks the process's file limit (raised to its hard limit at start) "
+                                    "less 512 for the engine, the database and logs; a larger value refuses to start.",
+                                    check=at_least(0))
+    request_arrival_timeout_s: float = _setting(20.0, "Seconds a client has to send a request's headers and body once "
+                                                "it has begun; a slower one is answered 408 and closed. Answers, "
+                                                "streamed or not, are not timed.", check=at_least(0.1, " seconds"))
     max_request_kib: int = _setting(1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
                                     "any work.", check=at_least(64))
     max_upload_mib: int = _setting(1, "Largest file an operator may upload to the console (template files), in MiB; "
@@ -232,8 +267,9 @@ class Settings:
                                    "customer already hits the cache.")
     # Cache view
     kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
-    kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
-                                       "ipc socket in the temp folder.", check=_zmq_endpoint)
+    kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on (it binds it: "
+                                       "tcp://127.0.0.1:PORT or ipc://PATH); empty picks a private ipc socket in the "
+                                       "temp folder.", check=_zmq_endpoint)
     kv_cache_metrics: bool = _setting(False, "Let vLLM sample KV blocks as they are evicted (its --kv-cache-metrics, 1% "
                                       "of blocks): the cache page then shows how long blocks live and sit idle "
                                       "before eviction.")

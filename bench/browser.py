@@ -9,7 +9,8 @@ difference for each number of concurrent users and writes ``browser-glyph.json``
     python -m bench.browser --url http://127.0.0.1:7860/ --users 1,8 --rounds 10
 
 Every simulated customer comes from 127.0.0.1, so start the server with the per-client limits off
-(``PREFIXDESK_RATE_LIMIT_PER_MINUTE=0 PREFIXDESK_MAX_STREAMS_PER_CLIENT=0``), or they are refused.
+(``PREFIXDESK_RATE_LIMIT_PER_MINUTE=0 PREFIXDESK_MAX_STREAMS_PER_CLIENT=0
+PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT=0``), or they are refused.
 
 What lies between the two numbers: the browser sending the question (Gradio's queue: a join request,
 then the event stream), the server storing the message and building the prompt before the engine

@@ -37,7 +37,7 @@ def build_settings(args):
 
     by_name = {s.name: s for s in SETTINGS}
     overrides: dict = {"max_concurrent_requests": BENCH_CONCURRENCY_LIMIT, "data_dir": str(args.data_dir),
-                       "rate_limit_per_minute": 0, "max_streams_per_client": 0}
+                       "rate_limit_per_minute": 0, "max_streams_per_client": 0, "max_connections_per_client": 0}
     for item in args.set:
         name, eq, value = item.partition("=")
         if not eq or name not in by_name:

@@ -21,7 +21,8 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment above)
-from tests.helpers.servers import OUTPUT_DIR, SecondServer, serving, settings_for, start_services  # noqa: E402
+from tests.helpers.servers import (EDGE_LIMITS, EDGE_OPERATOR, OUTPUT_DIR, AppProcess, SecondServer,  # noqa: E402
+                                   app_env, serving, settings_for, start_services)
 from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
@@ -144,6 +145,19 @@ def limited(services, engine_loop, tmp_path_factory):
     with SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
                       max_streams_per_client=2, max_tokens=600) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def edge(tmp_path_factory):
+    """``python -m app`` as an operator starts it (a process of its own, so its file descriptors and its log
+    can be counted), started with a soft file limit of 1,024, with an operator and tight connection limits."""
+    server = AppProcess(app_env(tmp_path_factory.mktemp("edge"), admin_password=EDGE_OPERATOR[1],
+                                **{k: str(v) for k, v in EDGE_LIMITS.items()}), nofile_soft=1024)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
 
 
 # -- the Baichuan2 plugin's tests ---------------------------------------------------------------------------

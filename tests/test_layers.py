@@ -17,7 +17,8 @@ MAY_IMPORT = {
     "app.cluster": {"app.core", "app.engine", "app.db"},  # the launcher: a leaf beside the product
     "app.__main__": {"app.web", "app.engine"},
 }
-LEAVES = {"app", "app.settings", "app.template_files"}  # imported by every layer, importing nothing of the app
+# Imported by every layer, importing nothing of the app.
+LEAVES = {"app", "app.settings", "app.template_files", "app.log_text"}
 
 
 def _modules() -> dict[str, Path]:

@@ -4,10 +4,14 @@
 exact command lines, without starting anything, so a plan can be printed, checked and tested.
 Replica i serves on ``replica_port + i`` and publishes its KV-cache events on
 ``kv_events_port + i``; the router listens on ``router_port``; the app keeps PREFIXDESK_PORT.
+Every one of them listens on ``--host`` alone: the KV events carry customers' prompts as token ids,
+and neither they nor the router's admin routes (/add_worker) have any authentication of their own.
+With PREFIXDESK_ENGINE_API_KEY the replicas ask for it on every route but /health.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -20,12 +24,13 @@ from app.engine import resolve_tokenizer
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
 from app.engine.models import attention_backend
 from app.engine.precision import check_quantization
+from app.engine.residency import publisher_endpoint
 from app.engine.types import STEP_DELAY_PROCESSOR, EngineStartError
 from app.settings import Settings
 
 POLICIES = ("consistent_hash", "cache_aware", "round_robin", "power_of_two", "random", "kv_aware")
 DEFAULT_POLICY = "consistent_hash"  # the only one that keeps a family on one replica (docs/cluster.md)
-REPLICA_MIDDLEWARE = "app.cluster.replica_header.ReplicaHeader"
+REPLICA_MIDDLEWARE = ("app.cluster.replica_header.ReplicaHeader", "app.cluster.replica_auth.ReplicaAuth")
 GPU_API_SERVERS = 4  # one API process streams at most ~50 req/s (shared/device/README.md)
 
 
@@ -62,7 +67,7 @@ class ProcessSpec:
 @dataclass(frozen=True)
 class ReplicaSpec:
     url: str
-    kv_events_endpoint: str  # where it publishes (tcp://*:PORT: it binds, subscribers on this host connect)
+    kv_events_endpoint: str  # where it publishes: tcp://HOST:PORT, the address it binds and subscribers connect to
     cpus: tuple[int, ...]  # cores its engine's threads are bound to (CPU), else ()
     gpus: tuple[int, ...]  # CUDA_VISIBLE_DEVICES (GPU), else ()
     process: ProcessSpec
@@ -97,6 +102,11 @@ def plan_cluster(options: ClusterOptions, settings: Settings, model: Path | str,
     """The processes for ``options``; raises ClusterError when the machine cannot hold them."""
     if options.replicas < 1:
         raise ClusterError(f"--replicas must be at least 1, not {options.replicas}")
+    try:
+        ipaddress.IPv4Address(options.host)
+    except ValueError:
+        raise ClusterError(f"--host must be an IPv4 address of this machine (e.g. 127.0.0.1 or a private 10.x "
+                           f"address), not {options.host!r}: every process of the cluster listens on it") from None
     if options.policy not in POLICIES:
         raise ClusterError(f"--policy must be one of {', '.join(POLICIES)}, not {options.policy!r}")
     device = options.device if options.device != "auto" else ("gpu" if gpu_count else "cpu")
@@ -126,8 +136,10 @@ def plan_cluster(options: ClusterOptions, settings: Settings, model: Path | str,
         cores = tuple(cpus[i * per:(i + 1) * per]) if on_cpu else ()
         gpus = () if on_cpu else tuple(range(i * tp, (i + 1) * tp))
         argv = _serve_argv(settings, model, on_cpu=on_cpu, host=options.host, port=port, api_servers=api_servers,
-                           kv_events=f"tcp://*:{events}", tokenizer=tokenizer)
+                           kv_events=publisher_endpoint(f"tcp://{options.host}:{events}"), tokenizer=tokenizer)
         env = [("VLLM_SERVER_DEV_MODE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")]
+        if settings.engine_api_key:  # vLLM's --api-key, from the environment: an argument would show in `ps`
+            env.append(("VLLM_API_KEY", settings.engine_api_key))
         if on_cpu:
             env.append(("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores))))
         else:
@@ -135,7 +147,7 @@ def plan_cluster(options: ClusterOptions, settings: Settings, model: Path | str,
             if settings.cascade_attention:  # vLLM 0.26 has no cascade path on its V2 model runner
                 env.append(("VLLM_USE_V2_MODEL_RUNNER", "0"))
         process = ProcessSpec(f"replica-{i}", argv, tuple(env), f"{url}/health", logs / f"replica-{i}.log")
-        replicas.append(ReplicaSpec(url, f"tcp://*:{events}", cores, gpus, process))
+        replicas.append(ReplicaSpec(url, f"tcp://{near}:{events}", cores, gpus, process))
     router_url = f"http://{near}:{options.router_port}"
     router = ProcessSpec("router", _router_argv(options, replicas, settings, on_cpu=on_cpu), (),
                          f"{router_url}/health", logs / "router.log")
@@ -193,7 +205,8 @@ def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: st
             "--enable-prefix-caching" if flags.prefix_caching else "--no-enable-prefix-caching",
             # num_cached_tokens reaches the app only as usage.prompt_tokens_details.cached_tokens:
             "--enable-prompt-tokens-details",
-            "--kv-events-config", json.dumps(events), "--middleware", REPLICA_MIDDLEWARE,
+            "--kv-events-config", json.dumps(events),
+            *(arg for middleware in REPLICA_MIDDLEWARE for arg in ("--middleware", middleware)),
             "--uvicorn-log-level", "warning"]
     if tokenizer != str(model):
         argv += ["--tokenizer", tokenizer]
@@ -235,7 +248,7 @@ def _router_argv(options: ClusterOptions, replicas: list[ReplicaSpec], settings:
     if options.policy == "kv_aware":
         block = settings.block_size or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE)
         for r in replicas:
-            argv += ["--kv-event-source", f"{r.url}={r.kv_events_endpoint.replace('*', '127.0.0.1')}"]
+            argv += ["--kv-event-source", f"{r.url}={r.kv_events_endpoint}"]
         argv += ["--kv-event-block-size", str(block), "--kv-event-model", served_model_name(settings)]
     return tuple(argv)
 

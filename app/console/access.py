@@ -5,21 +5,28 @@ token in one HttpOnly, SameSite=Strict cookie; the database keeps only its SHA-2
 operator and an expiry, so sessions work across web processes and survive restarts, and logging
 out, disabling the operator or the TTL ends them everywhere. Every console handler calls
 ``require`` (a hidden component is not access control), which reads that one cookie by its exact
-name. Passwords are hashed on threads, a few at a time.
+name.
 
 Guessing is throttled per client address, never per account: after ``free_attempts`` failures a
-client waits 1 s before its next try, then 2, 4, … up to 5 minutes, and nothing a stranger does
-makes the operator wait.
+client waits 1 s before its next try, then 2, 4, … up to 5 minutes. An attempt counts as a failure
+as soon as it is let in, before its password is hashed (a burst of concurrent guesses gets exactly
+the free attempts hashed), and is forgiven when it succeeds. Passwords are hashed on threads, a few
+at a time, shared fairly: each address has at most one check hashing, and a free slot goes to the
+address that has failed least, so no stranger's traffic — one address's or many — keeps the operator
+out or makes them wait behind guesses.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
+import itertools
 import math
+import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -34,8 +41,9 @@ SESSION_COOKIE = "prefixdesk_console"
 SESSION_CACHE_S = 5.0  # a process re-reads a session from the database at most this often
 BASE_DELAY_S = 1.0
 MAX_DELAY_S = 300.0
-HASH_CONCURRENCY = 2  # scrypt checks at once (16 MiB and ~50 ms of a core each)
-MAX_WAITING_CHECKS = 16  # beyond this many logins in line, answer "try again" without hashing
+# scrypt checks at once (16 MiB and ~50 ms of a core each): half the cores, so that a flood of logins,
+# which now gets every admitted guess hashed, leaves the other half to the event loop and the engine.
+HASH_CONCURRENCY = max(1, (os.cpu_count() or 2) // 2)
 
 
 class LoginRefused(PermissionError):
@@ -49,42 +57,114 @@ class LoginRefused(PermissionError):
 
 @dataclass
 class _Failures:
-    count: int = 0
+    count: int = 0  # failed attempts, and those let in and not yet checked
+    checking: int = 0  # attempts let in whose check has not finished
     next_try_at: float = 0.0
 
 
 class LoginThrottle:
-    """Exponential delay per client address after ``free_attempts`` failed logins."""
+    """Exponential delay per client address once it has used ``free_attempts`` attempts without success.
+
+    ``admit`` counts an attempt as failed before it is checked; ``finished`` sets the wait when its check
+    failed, or forgets the address when it succeeded.
+    """
 
     def __init__(self, free_attempts: int, clock: Callable[[], float] = time.monotonic):
         self.free_attempts = free_attempts
         self._clock = clock
         self._clients: dict[str, _Failures] = {}
 
+    def admit(self, client: str) -> float:
+        """Let an attempt in (0.0, counted as failed until it succeeds), or the seconds to wait before the next."""
+        f = self._clients.get(client)
+        if f is not None:
+            if f.checking and f.count >= self.free_attempts:  # its earlier tries are still being checked
+                return self._delay_s(f.count)
+            if (wait_s := f.next_try_at - self._clock()) > 0:
+                return wait_s
+        self._prune()
+        f = self._clients.setdefault(client, _Failures())
+        f.count += 1
+        f.checking += 1
+        return 0.0
+
+    def finished(self, client: str, *, ok: bool) -> None:
+        f = self._clients.get(client)
+        if f is None:
+            return
+        if ok:
+            del self._clients[client]
+            return
+        f.checking -= 1
+        f.next_try_at = max(f.next_try_at, self._clock() + self._delay_s(f.count))
+
+    def failures(self, client: str) -> int:
+        """Attempts of ``client`` that failed or are being checked."""
+        f = self._clients.get(client)
+        return 0 if f is None else f.count
+
     def wait_s(self, client: str) -> float:
         """Seconds ``client`` must wait before its next attempt (0: it may try now)."""
         f = self._clients.get(client)
         return 0.0 if f is None else max(0.0, f.next_try_at - self._clock())
 
-    def failed(self, client: str) -> None:
-        self._prune()
-        f = self._clients.setdefault(client, _Failures())
-        f.count += 1
-        over = f.count - self.free_attempts
-        f.next_try_at = self._clock() + (min(BASE_DELAY_S * 2 ** (over - 1), MAX_DELAY_S) if over > 0 else 0.0)
-
-    def succeeded(self, client: str) -> None:
-        self._clients.pop(client, None)
-
     def num_clients(self) -> int:
         return len(self._clients)
 
+    def _delay_s(self, failures: int) -> float:
+        over = failures - self.free_attempts
+        return 0.0 if over < 0 else min(BASE_DELAY_S * 2 ** over, MAX_DELAY_S)
+
     def _prune(self) -> None:
         cutoff = self._clock() - 2 * MAX_DELAY_S
-        for client in [c for c, f in self._clients.items() if f.next_try_at < cutoff]:
+        for client in [c for c, f in self._clients.items() if not f.checking and f.next_try_at < cutoff]:
             del self._clients[client]
 
 
+class FairHashing:
+    """``capacity`` password checks at once, shared by client address: an address has at most one check
+    running, and a free slot goes to the waiting check whose address has failed least (``rank``), the
+    earliest first among equals. The operator's address, with no failures, goes before every address that
+    keeps guessing: a flood delays it by at most the checks running and the first tries of fresh addresses."""
+
+    def __init__(self, capacity: int):
+        self._capacity = capacity
+        self._running: set[str] = set()
+        self._waiting: list[tuple[int, int, str, asyncio.Future]] = []  # (rank, arrival, client, turn)
+        self._arrivals = itertools.count()
+
+    @contextlib.asynccontextmanager
+    async def turn(self, client: str, *, rank: int) -> AsyncIterator[None]:
+        """Wait for ``client``'s turn (``rank``: its failures before this attempt), hold a slot for the block."""
+        entry = (rank, next(self._arrivals), client, asyncio.get_running_loop().create_future())
+        self._waiting.append(entry)
+        self._dispatch()
+        try:
+            await entry[3]
+        except asyncio.CancelledError:
+            if entry in self._waiting:
+                self._waiting.remove(entry)
+            elif client in self._running:  # the slot was given just as the waiter left
+                self._release(client)
+            raise
+        try:
+            yield
+        finally:
+            self._release(client)
+
+    def _dispatch(self) -> None:
+        while len(self._running) < self._capacity:
+            ready = [e for e in self._waiting if e[2] not in self._running and not e[3].done()]  # done: cancelled
+            if not ready:
+                return
+            entry = min(ready, key=lambda e: e[:2])
+            self._waiting.remove(entry)
+            self._running.add(entry[2])
+            entry[3].set_result(None)
+
+    def _release(self, client: str) -> None:
+        self._running.discard(client)
+        self._dispatch()
 class Clock:
     """The console's time: ``monotonic()`` for login delays and the session cache, ``utcnow()`` for the
     expiry the database keeps. Tests pass one they move by hand."""
@@ -104,31 +184,25 @@ class ConsoleAccess:
         self.language = language
         self._clock = clock or Clock()
         self.throttle = LoginThrottle(free_attempts, clock=self._clock.monotonic)
-        self._hashing = asyncio.Semaphore(HASH_CONCURRENCY)
-        self._waiting = 0
+        self._hashing = FairHashing(HASH_CONCURRENCY)
         self._cache: dict[str, tuple[str | None, float]] = {}  # token hash -> (operator, valid until, monotonic)
 
     async def login(self, *, name: str, password: str, client: str) -> str:
         """A new session token for ``name``; raises LoginRefused (with when to try again)."""
-        wait_s = self.throttle.wait_s(client)
+        wait_s = self.throttle.admit(client)
         if wait_s > 0:
-            whole_s = math.ceil(wait_s)  # never "try again in 0 s", never a second more than the wait
-            raise LoginRefused(f"Too many failed logins from your address; try again in {whole_s} s.",
-                               status=429, retry_after_s=whole_s)
-        if self._waiting >= MAX_WAITING_CHECKS:
-            raise LoginRefused("The console is checking many logins at once; try again in a few seconds.",
-                               status=429, retry_after_s=2)
-        self._waiting += 1
+            retry_s = math.ceil(wait_s)
+            raise LoginRefused(f"Too many failed logins from your address; try again in {retry_s} s.",
+                               status=429, retry_after_s=retry_s)
+        ok = False
         try:
-            async with self._hashing:
+            async with self._hashing.turn(client, rank=self.throttle.failures(client) - 1):
                 stored = await self.db.read(db_operators.password_hash, name=name)
                 ok = await asyncio.to_thread(verify_password, password, stored)
         finally:
-            self._waiting -= 1
+            self.throttle.finished(client, ok=ok)
         if not ok:
-            self.throttle.failed(client)
             raise LoginRefused("Wrong name or password.")
-        self.throttle.succeeded(client)
         token = secrets.token_urlsafe(32)
         await self.db.write(db_operators.open_session, token_hash=_hash(token), operator=name,
                             expires_at=self._clock.utcnow() + timedelta(seconds=self.ttl_s), client=client)

@@ -18,6 +18,7 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.core.cache_tree import plural
 from app.core.desk import MAX_MESSAGE_CHARS, clean_text
 from app.db import conversations as db_conversations
@@ -289,7 +290,7 @@ def answer_stats(m: MessageRow, t: dict, *, hide: bool) -> str:
 def _headline(r: ReviewRow, t: dict, now: datetime) -> str:
     state = who_answers(r, t, now) or t["conv_with_model"]
     version = f"v{r.version}" if r.version else "—"
-    return t["conv_headline"].format(id=r.id, template=r.template, version=version, state=state,
+    return t["conv_headline"].format(id=r.id, template=literal(r.template), version=version, state=state,
                                      messages=plural(t, "conv_messages", r.num_messages),
                                      started=f"{r.created_at:%Y-%m-%d %H:%M}")
 

@@ -20,6 +20,7 @@ import pandas as pd
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.core.demo import ABRounds, ColdWarm, SameQuestion, ab_rounds, cold_then_warm, demo_questions
 from app.core.warmup import warm_all
 from app.db import audit as db_audit
@@ -161,7 +162,7 @@ def _cold_warm(r: ColdWarm, t: dict) -> tuple[str, str, str]:
     def result(asked, reused: str) -> str:
         s = asked.stats
         line = t["demo_ttft"].format(ms=f"{s.ttft_ms:.0f}", cached=s.num_cached_tokens, prompt=s.prompt_tokens)
-        return f"{line}\n\n{reused}\n\n> {asked.question}\n\n{asked.text}"
+        return f"{line}\n\n{reused}\n\n> {literal(asked.question)}\n\n{literal(asked.text)}"
 
     cold = f"#### {t['demo_cold']}\n{result(r.cold, t['demo_cold_note'])}"
     if r.warm is None:

@@ -14,6 +14,7 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.console.preview import preview
 from app.console.templates import TemplateRow
 from app.core.warmup import warm
@@ -36,7 +37,7 @@ def build_templates_tab(console: Console):
     t, access, templates = console.text, console.access, console.templates
 
     def refused(exc: Exception) -> str:
-        return t["refused"].format(message=exc)
+        return t["refused"].format(message=literal(exc))
 
     async def table() -> list[list]:
         return table_rows(console, await templates.rows())
@@ -45,9 +46,9 @@ def build_templates_tab(console: Console):
         """The editor's fields for ``name``; the version picker shows ``select``, else the published version."""
         d = await templates.detail(name)
         numbers = [v.number for v in d.versions]
-        info = t["tpl_info"].format(parent=d.parent or "—", language=d.language,
+        info = t["tpl_info"].format(parent=literal(d.parent) if d.parent else "—", language=d.language,
                                     published=f"v{d.published_version}" if d.published_version else "—",
-                                    versions=", ".join(f"v{v.number} ({v.created_by})" for v in d.versions))
+                                    versions=", ".join(f"v{v.number} ({literal(v.created_by)})" for v in d.versions))
         return (d.latest.text, d.latest.number,
                 gr.update(choices=numbers, value=select or d.published_version or numbers[-1]),
                 d.pinned, d.internal, gr.update(choices=numbers, value=numbers[0]),
@@ -85,7 +86,8 @@ def build_templates_tab(console: Console):
         # The new version is picked for publishing: "Publish this version" then publishes what was just saved;
         # the diff's lists gain it too (A: the first version, B: the new one).
         _, latest, version, _, _, version_a, version_b, info = await info_line(name, select=change.after_version)
-        return (t["tpl_saved"].format(name=name, version=change.after_version), latest, version, await table(), info,
+        return (t["tpl_saved"].format(name=literal(name), version=change.after_version), latest, version, await table(),
+                info,
                 version_a, version_b)
 
     async def publish(name: str, version: float, request: gr.Request, progress=gr.Progress()):
@@ -101,7 +103,7 @@ def build_templates_tab(console: Console):
             return refused(exc), gr.skip(), gr.skip()
         verb = t["tpl_verb_rollback"] if change.action == "rollback" else t["tpl_verb_publish"]
         before = f"v{change.before_version}" if change.before_version else "—"
-        message = t["tpl_published"].format(verb=verb, name=name, before=before, after=change.after_version,
+        message = t["tpl_published"].format(verb=verb, name=literal(name), before=before, after=change.after_version,
                                             ms=f"{result.elapsed_ms:.0f}", cached=result.num_cached_tokens,
                                             prefix=result.num_prefix_tokens)
         *_, info = await info_line(name)
@@ -114,7 +116,7 @@ def build_templates_tab(console: Console):
         except REFUSED as exc:
             return refused(exc), gr.skip()
         key = f"tpl_{flag}_{'on' if value else 'off'}"
-        return t[key].format(name=name), await table()
+        return t[key].format(name=literal(name)), await table()
 
     async def pin(name: str, value: bool, request: gr.Request):
         return await set_flag(name, value, "pinned", request)
@@ -128,7 +130,8 @@ def build_templates_tab(console: Console):
             await templates.delete(name=name, user=user)
         except REFUSED as exc:
             return refused(exc), gr.skip(), gr.skip()
-        return t["tpl_deleted"].format(name=name), await table(), gr.update(choices=await templates.names(), value=None)
+        return (t["tpl_deleted"].format(name=literal(name)), await table(),
+                gr.update(choices=await templates.names(), value=None))
 
     async def diff(name: str, a: float, b: float, request: gr.Request):
         await access.require(request)
@@ -151,7 +154,7 @@ def build_templates_tab(console: Console):
             await templates.create(name=name, text=text, user=user, parent=parent or "", language=language)
         except REFUSED as exc:
             return refused(exc), gr.skip(), gr.skip()
-        return (t["tpl_created"].format(name=name.strip()), await table(),
+        return (t["tpl_created"].format(name=literal(name.strip())), await table(),
                 gr.update(choices=await templates.names(), value=name.strip()))
 
     async def new_preview(name: str, parent: str, text: str, request: gr.Request):
@@ -170,7 +173,7 @@ def build_templates_tab(console: Console):
             return refused(ValueError("template files must be UTF-8 text")), gr.skip(), gr.skip()
         except REFUSED as exc:
             return refused(exc), gr.skip(), gr.skip()
-        done = ", ".join(f"{c.template} v{c.after_version}" for c in changes) or t["tpl_nothing_changed"]
+        done = ", ".join(f"{literal(c.template)} v{c.after_version}" for c in changes) or t["tpl_nothing_changed"]
         return t["tpl_imported"].format(done=done), await table(), gr.update(choices=await templates.names())
 
     async def export_files(request: gr.Request):
@@ -254,6 +257,6 @@ async def preview_markdown(console: Console, name: str, chain: tuple[str, ...]) 
     lines = [t["preview_size"].format(tokens=p.num_tokens, blocks=p.num_blocks, block_size=console.meter.block_size,
                                       tail=p.uncached_tail_tokens)]
     if p.too_long:
-        lines.append(f"⛔ {p.too_long}")
-    lines += [f"⚠️ {w}" for w in p.warnings] or [t["preview_ok"]]
+        lines.append(f"⛔ {literal(p.too_long)}")
+    lines += [f"⚠️ {literal(w)}" for w in p.warnings] or [t["preview_ok"]]
     return "\n\n".join(lines), p.rendered

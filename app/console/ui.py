@@ -15,6 +15,7 @@ from app.console.conversations_ui import CSS as CONVERSATIONS_CSS
 from app.console.conversations_ui import build_conversations_tab
 from app.console.demo_ui import build_demo_tab
 from app.console.i18n import audit_word, headers
+from app.console.markup import literal
 from app.console.templates_ui import build_templates_tab
 from app.console.versions_ui import build_versions_tab
 from app.console.warmup_ui import build_warmup_tab
@@ -39,7 +40,7 @@ def build_admin(console: Console) -> gr.Blocks:
     t, access = console.text, console.access
 
     async def who(request: gr.Request):
-        return t["logged_in_as"].format(user=await access.require(request))
+        return t["logged_in_as"].format(user=literal(await access.require(request)))
 
     async def audit_rows(request: gr.Request):
         await access.require(request)

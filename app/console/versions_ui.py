@@ -13,6 +13,7 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.console.markup import literal
 from app.core.warmup import warm
 from app.db.rows import SplitView, VersionStats
 from app.db.templates import TemplateAdminError
@@ -54,7 +55,8 @@ def build_versions_tab(console: Console):
                                shards=console.settings.family_shards)
         except REFUSED as exc:
             return (t["refused"].format(message=exc), *[gr.skip()] * 4)
-        done = t["ver_split_started"].format(name=name, version=change.after_version, share=f"{float(share):.0f}")
+        done = t["ver_split_started"].format(name=literal(name), version=change.after_version,
+                                            share=f"{float(share):.0f}")
         return (done, *(await show(name, request))[:4])
 
     async def promote(name: str, request: gr.Request):
@@ -63,7 +65,8 @@ def build_versions_tab(console: Console):
             change = await templates.promote(name=name, user=user)
         except REFUSED as exc:
             return (t["refused"].format(message=exc), *[gr.skip()] * 4)
-        done = t["ver_promoted"].format(name=name, before=_v(change.before_version), after=_v(change.after_version))
+        done = t["ver_promoted"].format(name=literal(name), before=_v(change.before_version),
+                                       after=_v(change.after_version))
         return (done, *(await show(name, request))[:4])
 
     async def end(name: str, request: gr.Request):
@@ -72,7 +75,7 @@ def build_versions_tab(console: Console):
             change = await templates.end_split(name=name, user=user)
         except REFUSED as exc:
             return (t["refused"].format(message=exc), *[gr.skip()] * 4)
-        done = t["ver_rolled_back"].format(name=name, candidate=_v(change.before_version),
+        done = t["ver_rolled_back"].format(name=literal(name), candidate=_v(change.before_version),
                                            published=_v(change.after_version))
         return (done, *(await show(name, request))[:4])
 

@@ -24,7 +24,7 @@ from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
 from app.engine.blocks import block_counts
 from app.engine.precision import check_quantization, describe_precision
-from app.engine.residency import ResidencyMirror
+from app.engine.residency import ResidencyMirror, publisher_endpoint
 from app.engine.types import (STEP_DELAY_ARG, STEP_DELAY_PROCESSOR, CacheSnapshot, Delta, EngineBusy, EngineError,
                               EngineInfo, EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings
@@ -399,7 +399,7 @@ def _start_kv_events(endpoint: str, block_size: int):
         endpoint = f"ipc://{tempfile.gettempdir()}/prefixdesk-kv-{os.getpid()}-{uuid.uuid4().hex[:8]}.sock"
     mirror = ResidencyMirror(endpoint, block_size)
     mirror.start()
-    config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=endpoint,
+    config = KVEventsConfig(enable_kv_cache_events=True, publisher="zmq", endpoint=publisher_endpoint(endpoint),
                             buffer_steps=1, topic="")
     return config, mirror
 

@@ -24,6 +24,7 @@ from app.engine.replicas import ClusterResidency, Replicas, replica_urls
 from app.engine.blocks import block_counts
 from app.engine.types import (STEP_DELAY_ARG, BlockCounts, CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo,
                               EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
+from app.log_text import printable
 from app.settings import Settings, kv_event_sources
 
 log = logging.getLogger(__name__)
@@ -77,15 +78,16 @@ class RemoteEngine:
         base_url = settings.engine_url.rstrip("/")
         # httpx logs every request at INFO; the replica scraper alone would add several lines a second.
         logging.getLogger("httpx").setLevel(logging.WARNING)
-        model = _wait_for_model(base_url, settings.engine_connect_timeout_s)
+        headers = auth_headers(settings)
+        model = _wait_for_model(base_url, settings.engine_connect_timeout_s, headers)
         max_model_len = int(model.get("max_model_len") or settings.max_model_len)
         if max_model_len < settings.max_model_len:
             raise EngineStartError(
                 f"the remote engine at PREFIXDESK_ENGINE_URL={base_url} serves a context of {max_model_len} tokens, "
                 f"less than PREFIXDESK_MAX_MODEL_LEN={settings.max_model_len}; lower PREFIXDESK_MAX_MODEL_LEN to "
                 f"{max_model_len} or start the replicas with --max-model-len {settings.max_model_len}")
-        urls = replica_urls(base_url, settings.replica_urls)
-        replicas = Replicas(urls, kv_events=kv_event_sources(settings.replica_kv_events))
+        urls = replica_urls(base_url, settings.replica_urls, headers=headers)
+        replicas = Replicas(urls, kv_events=kv_event_sources(settings.replica_kv_events), headers=headers)
         replicas.scrape_all()
         block_size = _block_size(replicas, settings)
         replicas.start(block_size)
@@ -166,7 +168,7 @@ class RemoteEngine:
                         break
                     chunk = json.loads(line[6:])
                     if "error" in chunk:
-                        log.error("the model server failed mid-answer: %s", chunk["error"])
+                        log.error("the model server failed mid-answer: %s", printable(chunk["error"]))
                         raise EngineError("the model failed while answering; please try again")
                     usage = chunk.get("usage") or usage
                     for choice in chunk.get("choices", ()):
@@ -177,7 +179,7 @@ class RemoteEngine:
                             yield Delta(choice["text"])
         except (httpx.TransportError, httpx.StreamError) as exc:
             if not call.aborted:
-                log.warning("the remote engine stream broke (%s: %s)", type(exc).__name__, exc)
+                log.warning("the remote engine stream broke (%s: %s)", type(exc).__name__, printable(exc))
                 raise EngineError(_broken_reason(exc, replica)) from exc
         finally:
             self._active.pop(call_id, None)
@@ -212,7 +214,8 @@ class RemoteEngine:
                 text = (await response.aread()).decode(errors="replace")
             if response.status_code not in RETRY_STATUSES or delay_s is None:
                 raise _http_error(response.status_code, text)
-            log.warning("the router answered %d (%s); retrying in %.1f s", response.status_code, text[:120], delay_s)
+            log.warning("the router answered %d (%s); retrying in %.1f s", response.status_code, printable(text, 120),
+                        delay_s)
             await asyncio.sleep(delay_s)
 
     async def abort_all(self) -> int:
@@ -311,20 +314,32 @@ class RemoteEngine:
         if self._client is None:
             stall_s = self._settings.engine_stall_timeout_s
             self._client = httpx.AsyncClient(
+                headers=auth_headers(self._settings),
                 timeout=httpx.Timeout(10.0, read=stall_s),
                 limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
             self._loop = asyncio.get_running_loop()
         return self._client
 
 
-def _wait_for_model(base_url: str, timeout_s: float) -> dict:
+def auth_headers(settings: Settings) -> dict[str, str]:
+    """The Authorization header for the remote engine: vLLM's --api-key as a Bearer token (vllm-router
+    passes a client's Authorization on to the replica it picks)."""
+    return {"Authorization": f"Bearer {settings.engine_api_key}"} if settings.engine_api_key else {}
+
+
+def _wait_for_model(base_url: str, timeout_s: float, headers: dict[str, str]) -> dict:
     import httpx
 
     deadline = time.monotonic() + timeout_s
     problem = "no answer"
     while time.monotonic() < deadline:
         try:
-            response = httpx.get(f"{base_url}/v1/models", timeout=5)
+            response = httpx.get(f"{base_url}/v1/models", timeout=5, headers=headers)
+            if response.status_code == 401:
+                raise EngineStartError(
+                    f"PREFIXDESK_ENGINE_URL={base_url} answered 401 Unauthorized at /v1/models: "
+                    + ("PREFIXDESK_ENGINE_API_KEY is not the replicas' --api-key" if headers else
+                       "its replicas ask for an API key; set PREFIXDESK_ENGINE_API_KEY to their --api-key"))
             if response.status_code == 200 and response.json().get("data"):
                 return response.json()["data"][0]
             problem = f"HTTP {response.status_code}"
@@ -358,7 +373,7 @@ def _http_error(status: int, body: str) -> EngineError:
         return EngineBusy(f"the model servers are busy (HTTP {status}); please retry in a moment")
     if status == 400:
         return EngineRejected(f"the model refused this request: {message}")
-    log.error("the model server answered HTTP %d: %s", status, message)
+    log.error("the model server answered HTTP %d: %s", status, printable(message))
     return EngineError(f"the model server failed (HTTP {status}); please try again")
 
 

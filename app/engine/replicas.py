@@ -54,12 +54,14 @@ class ReplicaMetrics:
 class Replicas:
     """The latest ``ReplicaView`` of every replica, refreshed by a scraper thread."""
 
-    def __init__(self, urls: Sequence[str], *, kv_events: Mapping[str, str] | None = None):
+    def __init__(self, urls: Sequence[str], *, kv_events: Mapping[str, str] | None = None,
+                 headers: Mapping[str, str] | None = None):
+        """``headers``: sent with every scrape (the replicas' API key)."""
         import httpx
 
         self.urls = tuple(u.rstrip("/") for u in urls)
         self._kv_events = {u.rstrip("/"): e for u, e in (kv_events or {}).items()}
-        self._http = httpx.Client(timeout=SCRAPE_TIMEOUT_S)
+        self._http = httpx.Client(timeout=SCRAPE_TIMEOUT_S, headers=dict(headers or {}))
         self._lock = threading.Lock()
         self._latest: dict[str, ReplicaMetrics] = {}
         self._reasons: dict[str, str] = {u: "not scraped yet" for u in self.urls}
@@ -197,7 +199,7 @@ class Replicas:
         return parse_metrics(response.text)
 
 
-def replica_urls(base_url: str, configured: str = "") -> list[str]:
+def replica_urls(base_url: str, configured: str = "", *, headers: Mapping[str, str] | None = None) -> list[str]:
     """The replicas behind ``base_url``: ``configured`` (comma-separated URLs), else vllm-router's
     ``/list_workers``, else ``base_url`` itself (a single ``vllm serve``)."""
     import httpx
@@ -206,7 +208,7 @@ def replica_urls(base_url: str, configured: str = "") -> list[str]:
     if urls:
         return urls
     try:
-        response = httpx.get(f"{base_url}/list_workers", timeout=5)
+        response = httpx.get(f"{base_url}/list_workers", timeout=5, headers=dict(headers or {}))
         if response.status_code == 200:
             return sorted(u.rstrip("/") for u in response.json()["urls"])  # the router's order varies
     except (httpx.HTTPError, ValueError, KeyError):

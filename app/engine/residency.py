@@ -252,11 +252,7 @@ class ResidencyMirror:
         socket = context.socket(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, b"")
         socket.setsockopt(zmq.RCVHWM, 0)  # never drop: a lost BlockRemoved would show a stale block
-        bind, address = subscriber_address(self.endpoint)
-        if bind:
-            socket.bind(address)
-        else:
-            socket.connect(address)
+        socket.connect(subscriber_address(self.endpoint))
         try:
             while not self._stop.is_set():
                 if not socket.poll(100):
@@ -279,11 +275,31 @@ def decode_batch(batch: Any) -> list[Mapping[str, Any]]:
     return [e for e in batch[1] if isinstance(e, dict)]
 
 
-def subscriber_address(endpoint: str) -> tuple[bool, str]:
-    """Whether the subscriber binds, and where: vLLM binds ipc and wildcard endpoints and
-    connects to the rest, so the subscriber does the opposite."""
-    if endpoint.startswith(("ipc://", "inproc://")):
-        return False, endpoint
-    if "*" in endpoint:
-        return False, endpoint.replace("*", "127.0.0.1")
-    return True, endpoint
+def publisher_endpoint(endpoint: str) -> str:
+    """The endpoint to give vLLM so that its publisher binds ``endpoint``'s address, and only that one.
+
+    vLLM binds an endpoint that contains ``*`` or ``::`` (or is ipc) and connects to any other
+    (``ZmqEventPublisher._is_bind_endpoint``, vllm/distributed/kv_events.py): given
+    ``tcp://127.0.0.1:5557`` it would wait for a subscriber to listen there. The IPv4-mapped form
+    ``tcp://[::ffff:127.0.0.1]:5557`` names the same address, makes vLLM bind, and ZMQ binds it as the
+    IPv4 address 127.0.0.1 alone; ``0.0.0.0`` becomes vLLM's own wildcard ``*``.
+    """
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if host in ("*", "0.0.0.0"):
+        return f"tcp://*:{port}"
+    if host.startswith("[::ffff:"):
+        return endpoint
+    return f"tcp://[::ffff:{host}]:{port}"
+
+
+def subscriber_address(endpoint: str) -> str:
+    """Where a subscriber connects for the publisher bound at ``endpoint`` (``publisher_endpoint``):
+    the address itself, and for one bound on every address, this host's 127.0.0.1."""
+    if not endpoint.startswith("tcp://"):
+        return endpoint
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    if host in ("*", "0.0.0.0"):
+        host = "127.0.0.1"
+    return f"tcp://{host.removeprefix('[::ffff:').removesuffix(']')}:{port}"

@@ -1,17 +1,61 @@
-"""ASGI guards in front of everything the server exposes: body sizes, and no uploads to the chat.
+"""ASGI guards in front of everything the server exposes: body sizes, security headers, no uploads to the
+chat, and only the Gradio routes the pages use.
 
-Sizes are checked before any work: a declared ``Content-Length`` over the limit is answered 413 at
-once, and a body that grows past it while streaming in is cut off. The chat takes no files, so its
-upload route answers 403 whatever is sent; the console's takes template files up to its own limit.
+``RequestGuard`` is outermost. Sizes are checked before any work: a declared ``Content-Length`` over
+the limit is answered 413 at once, and a body that grows past it while streaming in is cut off. The
+chat takes no files, so its upload route answers 403 whatever is sent; the console's takes template
+files up to its own limit. Every response carries the headers of ``SECURITY_HEADERS``.
+
+``GradioRoutes`` sits behind the console's gate (so a stranger learns nothing of the console, not even
+which of its routes exist): under ``/gradio_api/`` and ``/admin/gradio_api/`` it passes only the routes
+of ``CHAT_ROUTES`` / ``CONSOLE_ROUTES`` and answers every other one 404 with a short body, logging one
+line a second at most. The chat serves no files at all, and an event sent to the chat with a
+file-shaped value is refused before Gradio reads it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+
+from app.log_text import RateLimitedLog, printable
+
+log = logging.getLogger(__name__)
 
 CHAT_UPLOAD = "/gradio_api/upload"
 CONSOLE_UPLOAD = "/admin/gradio_api/upload"
 MULTIPART_OVERHEAD = 64 << 10
+CONSOLE = "/admin"
+GRADIO_API = "/gradio_api/"
+CHAT_JOIN = "/gradio_api/queue/join"
+# What the pages request (watched in chromium) and what gradio_client calls (gradio_client/utils.py):
+# an event is queued (join), streamed back (data), kept alive (heartbeat), stopped (cancel, reset);
+# the client reads the API's description (info). The console also uploads and downloads template files.
+CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info"})
+CHAT_ROUTE_PREFIXES = ("heartbeat/",)  # heartbeat/<session>
+CONSOLE_ROUTES = CHAT_ROUTES | {"upload", "upload_progress"}
+CONSOLE_ROUTE_PREFIXES = CHAT_ROUTE_PREFIXES + ("file=",)  # file=<path>
+# The file routes outside /gradio_api/ that older Gradio versions served: the chat serves no files.
+CHAT_FILE_ROUTES = ("/file=", "/file/")
+NOT_FOUND = b'{"detail":"Not Found"}'
+NO_FILES = "This chat accepts no files: send your question as text."
+PARSE_ON_THREAD_BYTES = 64 << 10  # larger event bodies are parsed off the event loop
+
+# Gradio's page runs inline scripts (its config, the `js=` of the chat and of events, which it evaluates
+# with `new Function`), and its components set inline styles: script-src and style-src need
+# 'unsafe-inline', script-src 'unsafe-eval'. Everything else is this server only: no image, font,
+# connection or frame from elsewhere, so markup that slips into a page cannot call out (a remote <img> is a
+# beacon); data:/blob: images are Gradio's own (icons, previews). No site may frame a page
+# (frame-ancestors, and X-Frame-Options for older browsers): no clickjacking of the console.
+CONTENT_SECURITY_POLICY = "; ".join([
+    "default-src 'self'", "script-src 'self' 'unsafe-inline' 'unsafe-eval'", "style-src 'self' 'unsafe-inline'",
+    "img-src 'self' data: blob:", "font-src 'self' data:", "connect-src 'self'", "media-src 'self' data: blob:",
+    "worker-src 'self' blob:", "object-src 'none'", "base-uri 'self'", "form-action 'self'",
+    "frame-ancestors 'none'",
+])
+SECURITY_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
+                    (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin"))
 
 
 class RequestGuard:
@@ -23,6 +67,7 @@ class RequestGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        send = _with_security_headers(send)
         path = scope.get("path", "")
         if path.startswith(CHAT_UPLOAD):
             return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
@@ -57,6 +102,105 @@ class RequestGuard:
         await self.app(scope, limited_receive, guarded_send)
 
 
+class GradioRoutes:
+    """Only the Gradio routes the chat and the console use; 404 for the rest (see the module docstring)."""
+
+    def __init__(self, app):
+        self.app = app
+        self._refused = RateLimitedLog(log)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope.get("path", "")
+        console = path.startswith(CONSOLE + "/")
+        local = path.removeprefix(CONSOLE) if console else path
+        if local.startswith(GRADIO_API):
+            route = local.removeprefix(GRADIO_API)
+            routes, prefixes = (CONSOLE_ROUTES, CONSOLE_ROUTE_PREFIXES) if console else (CHAT_ROUTES,
+                                                                                         CHAT_ROUTE_PREFIXES)
+            if route not in routes and not route.startswith(prefixes):
+                return await self._not_found(scope, send)
+        elif not console and local.startswith(CHAT_FILE_ROUTES):
+            return await self._not_found(scope, send)
+        if path == CHAT_JOIN and scope.get("method") == "POST":
+            body = await _whole_body(receive)
+            if body is None:
+                return
+            if await _names_a_file(body):
+                return await _reject(send, 400, NO_FILES)
+            receive = _replay(body, receive)
+        await self.app(scope, receive, send)
+
+    async def _not_found(self, scope, send) -> None:
+        client = (scope.get("client") or ("?",))[0]
+        self._refused("refused %s %s from %s: not a route this server serves", scope.get("method", "?"),
+                      printable(scope.get("path", "")), client)
+        await send({"type": "http.response.start", "status": 404,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(NOT_FOUND)).encode())]})
+        await send({"type": "http.response.body", "body": NOT_FOUND})
+
+
+async def _whole_body(receive) -> bytes | None:
+    """The request's body (already bounded by RequestGuard); None when the client went away."""
+    chunks = []
+    while True:
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            return None
+        chunks.append(event.get("body", b""))
+        if not event.get("more_body", False):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    """A ``receive`` that hands the app ``body`` once, then waits on the client as the original does."""
+    sent = False
+
+    async def replayed():
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def _names_a_file(body: bytes) -> bool:
+    """Whether an event body holds a file-shaped value (Gradio's FileData: a "path" and meta._type
+    "gradio.FileData"), anywhere in it. A body that is not JSON is left to Gradio to refuse."""
+    if b"FileData" not in body and b"\\u" not in body:  # the type's name, or JSON escapes that could hide it
+        return False
+    try:
+        value = json.loads(body) if len(body) < PARSE_ON_THREAD_BYTES else await asyncio.to_thread(json.loads, body)
+    except (ValueError, RecursionError):
+        return False
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            meta = item.get("meta")
+            if "path" in item and isinstance(meta, dict) and meta.get("_type") == "gradio.FileData":
+                return True
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
+
+
+def _with_security_headers(send):
+    async def send_with_headers(event):
+        if event["type"] == "http.response.start":
+            present = {name.lower() for name, _ in event.get("headers") or []}
+            extra = [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+            event = {**event, "headers": [*event.get("headers", []), *extra]}
+        await send(event)
+
+    return send_with_headers
+
+
 def _content_length(scope) -> int | None:
     for key, value in scope.get("headers") or []:
         if key == b"content-length":
@@ -72,7 +216,7 @@ def _too_large(limit: int, setting: str) -> str:
 
 
 async def _reject(send, status: int, message: str) -> None:
-    body = json.dumps({"detail": message}, ensure_ascii=False).encode()
+    body = json.dumps({"detail": message}, ensure_ascii=False, separators=(",", ":")).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})

@@ -15,6 +15,7 @@ import gc
 import logging
 import os
 import secrets
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,8 +33,10 @@ from app.core.prompts import PromptBuilder, system_text
 from app.db import Database, open_database
 from app.db import templates as db_templates
 from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
+from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
-from app.web.guards import RequestGuard
+from app.web.connections import ConnectionLimits, guarded_protocol, raise_file_limit, total_connections
+from app.web.guards import GradioRoutes, RequestGuard
 from app.web.openai_api import build_openai_router
 
 if TYPE_CHECKING:
@@ -114,7 +117,8 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
                            language=settings.ui_language, clock=console_clock)
     console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access)
-    _lifespan(app, services)
+    console_files = _console_folder()
+    _lifespan(app, services, folders=(console_files,))
     _add_healthz(app, services)
 
     async def console_open() -> bool:
@@ -125,24 +129,50 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     app.include_router(build_openai_router(services.desk, services.trust))
     app.include_router(build_login_router(access, services.trust, console_open=console_open))
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
-                 pwa=False, ssr_mode=False, blocked_paths=_blocked_paths(settings))
+                 pwa=False, ssr_mode=False)
     blocks = build_admin(console)
     _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests)
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
-                        **mount)
+                        blocked_paths=_blocked_paths(settings), **mount)
+    _keep_files_in(app, "/admin", blocks, console_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
                       browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests)
-    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb", **mount)
+    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb",
+                        blocked_paths=[*_blocked_paths(settings), str(console_files)], **mount)
     for mounted in (blocks, chat):
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
+    app.add_middleware(GradioRoutes)  # behind the gate: a stranger learns nothing of the console's routes
     app.add_middleware(ConsoleGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
     return app
+
+
+def _console_folder() -> Path:
+    """A folder of this process's console for its uploads and exports (0700), inside Gradio's upload folder:
+    Gradio accepts an uploaded file in an event only from there. The chat blocks it and serves no files."""
+    from gradio.utils import get_upload_folder
+
+    root = Path(get_upload_folder())
+    root.mkdir(parents=True, exist_ok=True)
+    folder = root / f"prefixdesk-console-{secrets.token_hex(8)}"
+    folder.mkdir(mode=0o700)
+    return folder
+
+
+def _keep_files_in(app: FastAPI, path: str, blocks: gr.Blocks, folder: Path) -> None:
+    """Make the Gradio app mounted at ``path`` upload to, and cache its components' files in, ``folder``."""
+    from starlette.routing import Mount
+
+    [mounted] = [r.app for r in app.routes if isinstance(r, Mount) and r.path == path]
+    mounted.uploaded_file_dir = str(folder)
+    blocks.GRADIO_CACHE = str(folder)
+    for block in blocks.blocks.values():
+        block.GRADIO_CACHE = str(folder)
 
 
 def _queue(blocks: gr.Blocks, max_size: int, at_once: int) -> None:
@@ -162,7 +192,7 @@ def create_api_app(services: Services) -> FastAPI:
     """
     settings = services.settings
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
-    _lifespan(app, services)
+    _lifespan(app, services, folders=())
     _add_healthz(app, services)
     app.include_router(build_openai_router(services.desk, services.trust))
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
@@ -201,6 +231,7 @@ def serve(services: Services, app: FastAPI, *, reuse_port: bool = False) -> None
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
+        loop.set_exception_handler(_quiet_accept_errors())
         await server.serve(sockets=[_shared_socket(services.settings)] if reuse_port else None)
 
     try:
@@ -222,15 +253,39 @@ def _shared_socket(settings: Settings):
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
-    """How uvicorn serves the app (tests serve it the same way)."""
+    """How uvicorn serves the app (tests serve it the same way): its HTTP protocol guarded by the connection
+    limits and the arrival timeout (app/web/connections.py). Raises SettingsError when
+    PREFIXDESK_MAX_CONNECTIONS does not fit the process's file limit, which it first raises to the hard one."""
     import uvicorn
 
+    trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
+                       tenant_header=settings.tenant_header)
+    limits = ConnectionLimits(per_client=settings.max_connections_per_client,
+                              total=total_connections(settings, raise_file_limit()), trust=trust)
     # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
     # Forwarded headers are judged by app/core/callers.py against PREFIXDESK_TRUSTED_PROXIES: uvicorn
-    # would otherwise believe X-Forwarded-For from any local peer.
+    # would otherwise believe X-Forwarded-For from any local peer. No page uses a WebSocket (Gradio streams
+    # over SSE), and an upgraded connection would leave the guarded protocol. uvicorn's loggers write
+    # through the process's handlers (python -m app: one escaped line per record).
     options = dict(host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
-                   proxy_headers=False, server_header=False, lifespan="on")
+                   proxy_headers=False, server_header=False, lifespan="on", ws="none", log_config=None,
+                   http=guarded_protocol(limits, settings.request_arrival_timeout_s))
     return uvicorn.Config(app, **(options | overrides))
+
+
+def _quiet_accept_errors():
+    """The loop's exception handler, but one line a second (no traceback) for a failed accept(): out of
+    file descriptors, asyncio's default handler writes a traceback for every connection it cannot take."""
+    accept_failed = RateLimitedLog(log, level=logging.ERROR)
+
+    def handle(loop, context) -> None:
+        if context.get("message", "").startswith("socket.accept() out of system resource"):
+            accept_failed("could not accept a connection: %s; lower PREFIXDESK_MAX_CONNECTIONS or raise the "
+                          "file limit", context.get("exception"))
+        else:
+            loop.default_exception_handler(context)
+
+    return handle
 
 
 def _add_healthz(app: FastAPI, services: Services) -> None:
@@ -249,7 +304,9 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
 
-def _lifespan(app: FastAPI, services: Services) -> None:
+def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) -> None:
+    """Start-up warmup and the background loops around the app's own lifespan; ``folders`` are removed
+    at the end."""
     from app.core.background import background, warm_published
     from app.core.warmup import probe_token
 
@@ -272,10 +329,14 @@ def _lifespan(app: FastAPI, services: Services) -> None:
             services.ready.set()
 
         warming = asyncio.create_task(warm_then_ready(), name="warm-on-start")
-        async with background(settings=services.settings, engine=services.engine, db=services.db,
-                              catalog=services.catalog, tokenizer=services.prompts.tokenizer), inner(a) as state:
-            yield state
-        warming.cancel()
+        try:
+            async with background(settings=services.settings, engine=services.engine, db=services.db,
+                                  catalog=services.catalog, tokenizer=services.prompts.tokenizer), inner(a) as state:
+                yield state
+        finally:
+            warming.cancel()
+            for folder in folders:
+                shutil.rmtree(folder, ignore_errors=True)
 
     app.router.lifespan_context = lifespan
 

@@ -24,7 +24,7 @@ from app.template_files import read_folder
 from tests.helpers.servers import ROOT
 from tests.helpers.servers import collect
 from tests.helpers.servers import settings_for
-from tests.cluster.test_cluster import STARTUP_TIMEOUT_S, free_port_run
+from tests.helpers.cluster import STARTUP_TIMEOUT_S, free_port_run
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,7 @@
 """Who may use the console: logins, sessions in the database, logout, expiry, and the per-client delay."""
 
+import asyncio
+
 import httpx
 import pytest
 from gradio_client import Client
@@ -13,21 +15,43 @@ OPERATOR = ("op-access", "a long enough passphrase")
 
 
 def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_never_wait():
-    throttle = LoginThrottle(3, clock=ManualClock())
+    clock = ManualClock()
+    throttle = LoginThrottle(3, clock=clock)
     for _ in range(3):  # the free attempts
-        assert throttle.wait_s("203.0.113.9") == 0
-        throttle.failed("203.0.113.9")
+        assert throttle.admit("203.0.113.9") == 0
+        throttle.finished("203.0.113.9", ok=False)
     waits = []
     for _ in range(5):
-        throttle.failed("203.0.113.9")
-        waits.append(throttle.wait_s("203.0.113.9"))
+        waits.append(throttle.admit("203.0.113.9"))  # refused: how long to wait
+        clock.advance(waits[-1])
+        assert throttle.admit("203.0.113.9") == 0
+        throttle.finished("203.0.113.9", ok=False)
     assert waits == [1, 2, 4, 8, 16]
-    assert throttle.wait_s("198.51.100.1") == 0  # the operator, from another address, never waits
+    assert throttle.admit("198.51.100.1") == 0  # the operator, from another address, never waits
+    throttle.finished("198.51.100.1", ok=True)
     for _ in range(20):
-        throttle.failed("203.0.113.9")
+        clock.advance(throttle.admit("203.0.113.9"))
+        throttle.admit("203.0.113.9")
+        throttle.finished("203.0.113.9", ok=False)
     assert throttle.wait_s("203.0.113.9") == 300  # capped at five minutes
-    throttle.succeeded("203.0.113.9")
-    assert throttle.wait_s("203.0.113.9") == 0
+    clock.advance(300)
+    assert throttle.admit("203.0.113.9") == 0
+    throttle.finished("203.0.113.9", ok=True)  # a success forgives every failure
+    assert (throttle.wait_s("203.0.113.9"), throttle.num_clients()) == (0, 0)
+
+
+def test_attempts_count_as_failures_before_they_are_checked():
+    clock = ManualClock()
+    throttle = LoginThrottle(3, clock=clock)
+    admitted = [throttle.admit("203.0.113.7") for _ in range(8)]  # a burst: none of them checked yet
+    assert admitted == [0, 0, 0, 1, 1, 1, 1, 1]  # the free attempts; the rest wait for their checks, then 1 s
+    for _ in range(3):
+        throttle.finished("203.0.113.7", ok=False)
+    assert throttle.wait_s("203.0.113.7") == 1
+    clock.advance(1)
+    assert throttle.admit("203.0.113.7") == 0
+    throttle.finished("203.0.113.7", ok=True)
+    assert throttle.admit("203.0.113.7") == 0  # forgiven
 
 
 def login(url: str, password: str, **kwargs) -> httpx.Response:
@@ -71,7 +95,7 @@ def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_addre
     operator(services, *OPERATOR)
     clock = ManualClock()
     access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2, clock=clock)
-    for _ in range(3):  # two free attempts, then the third failure costs a second
+    for _ in range(2):  # two free attempts, then the next try waits a second
         with pytest.raises(LoginRefused) as exc:
             aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))
         assert (str(exc.value), exc.value.status) == ("Wrong name or password.", 401)
@@ -106,3 +130,28 @@ def test_the_chat_session_cannot_call_the_console(server_url):
     assert chat.get(server_url + "admin/config").json() == {"detail": "未登录：请打开 /admin/login。"}
     with pytest.raises(ValueError):
         Client(server_url + "admin/", verbose=False)
+
+
+def test_a_free_hashing_slot_goes_to_the_address_that_failed_least(aio):
+    from app.console.access import FairHashing
+
+    hashing = FairHashing(1)
+    order: list[str] = []
+
+    async def check(client: str, rank: int, started: asyncio.Event | None = None):
+        async with hashing.turn(client, rank=rank):
+            order.append(client)
+            if started:
+                started.set()
+            await asyncio.sleep(0.01)
+
+    async def scenario():
+        started = asyncio.Event()
+        first = asyncio.create_task(check("guesser", 3, started))
+        await started.wait()  # "guesser" holds the only slot; then the line forms
+        rest = [asyncio.create_task(check(c, r)) for c, r in (("guesser", 4), ("flood-a", 1), ("flood-b", 0),
+                                                               ("operator", 0), ("flood-a", 2))]
+        await asyncio.gather(first, *rest)
+
+    aio(scenario())
+    assert order == ["guesser", "flood-b", "operator", "flood-a", "flood-a", "guesser"]

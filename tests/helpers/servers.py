@@ -11,6 +11,9 @@ from tests.helpers.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
+# The session's ``edge`` server (tests/conftest.py): an operator and tight connection limits.
+EDGE_OPERATOR = ("admin", "operator passphrase 9")
+EDGE_LIMITS = {"max_connections_per_client": 16, "max_connections": 48, "request_arrival_timeout_s": 20}
 
 
 def free_port() -> int:
@@ -33,6 +36,7 @@ def settings_for(data_dir: Path, **overrides):
         # Every test client connects from 127.0.0.1: per-client limits are tested on desks of their own.
         rate_limit_per_minute=0,
         max_streams_per_client=0,
+        max_connections_per_client=0,
         keep_warm_interval_s=0,
         engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )
@@ -89,7 +93,9 @@ async def collect(stream) -> list:
 class AppProcess:
     """``python -m app`` as a child process, as an operator would start it."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], *, nofile_soft: int | None = None):
+        """``nofile_soft``: start it with this soft RLIMIT_NOFILE (the server raises it to the hard limit)."""
+        import resource
         import subprocess
         import sys
 
@@ -105,8 +111,10 @@ class AppProcess:
         # both cores, and the test's process, its gradio_client threads and its watcher subprocess stood
         # runnable but unscheduled for 10-40 s at a time: requests meant to run at once reached the server
         # one after another, and a signal meant for answers in progress came after they had ended.
-        self.proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env,
-                                     stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile_soft, hard))) if nofile_soft else None
+        self.proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT, process_group=0, preexec_fn=limit)
 
     def wait_ready(self, timeout: float = 180) -> None:
         wait_until(self._healthy, timeout, lambda: f"the server to answer /healthz:\n{self.log()}", poll_s=0.5)
@@ -144,6 +152,16 @@ class AppProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")[-4000:]
+
+    def log_lines(self) -> list[str]:
+        """Every line of its log so far."""
+        return self.log_path.read_text(errors="replace").splitlines()
+
+    def num_fds(self) -> int:
+        """File descriptors the server process holds now."""
+        import os
+
+        return len(os.listdir(f"/proc/{self.proc.pid}/fd"))
 
 
 def app_env(data_dir: Path, **settings) -> dict[str, str]:

@@ -4,9 +4,14 @@ Before: the console's template import took any server path in its file value (th
 allowed-path check as the chat), and uploads had no size limit (20 MB were accepted).
 After: an event's file value must be a file uploaded to this app; uploads are limited to
 PREFIXDESK_MAX_UPLOAD_MIB (1 MiB) and the chat takes none at all.
+
+And from outside: the console's exports and uploads landed in Gradio's temp dir, which the public
+chat served at /gradio_api/file= without a cookie (200, internal templates included). Now they live
+in a folder of the console's own, which the chat blocks, and the chat's file routes answer 404.
 """
 
 import json
+from pathlib import Path
 
 import httpx
 
@@ -48,3 +53,26 @@ def test_uploads_past_the_limit_are_refused_and_the_chat_takes_none(server_url, 
     assert small.status_code == 200 and small.json()[0].endswith("t.txt")
     assert httpx.post(server_url + "admin/gradio_api/upload", files={"files": ("t.txt", b"x")}).status_code == 401
     assert config(server_url)["max_file_size"] == 1024  # the chat's own limit, below Gradio's
+
+
+def test_the_chat_serves_none_of_the_consoles_files(server_url, services):
+    operator(services, *ACCOUNT)
+    cookies = session_cookie(server_url)
+    cfg = httpx.get(server_url + "admin/config", cookies=cookies).json()
+    [index] = [i for i, d in enumerate(cfg["dependencies"]) if d.get("api_name") == "export"]
+    dep = cfg["dependencies"][index]
+    final = call_event(server_url + "admin/", dep.get("id", index), [], cookies=cookies,
+                       trigger_id=dep["targets"][0][0])[-1]
+    assert final["success"] is True
+    exported = {Path(f["path"]).name: f["path"] for f in final["output"]["data"][0]}
+    assert "support-en.txt" in exported
+    uploaded = httpx.post(server_url + "admin/gradio_api/upload", cookies=cookies,
+                          files={"files": ("internal.txt", "name: x\n---\ninternal text\n".encode())}).json()[0]
+    for path in (exported["support-en.txt"], uploaded):
+        for route in ("gradio_api/file=", "file=", "gradio_api/file/"):
+            r = httpx.get(server_url + route + path)
+            assert (route, r.status_code, r.text) == (route, 404, '{"detail":"Not Found"}')
+        own = httpx.get(server_url + "admin/gradio_api/file=" + path, cookies=cookies)
+        assert own.status_code == 200 and own.content == Path(path).read_bytes()
+        assert httpx.get(server_url + "admin/gradio_api/file=" + path).status_code == 401
+        assert Path(path).parent.parent.name.startswith("prefixdesk-console-"), path  # a folder of the console's own

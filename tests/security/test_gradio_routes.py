@@ -1,0 +1,68 @@
+"""Attack: the Gradio routes this app never uses.
+
+Before: /gradio_api/dev/reload was mounted in production (6,000 idle streams, each waking every
+50 ms, took the server's CPU from 6% to 54% and /v1's p50 from 0.4 to 3.4 s); /gradio_api/deep_link
+returned a session's state; /gradio_api/process_recording took uploads; /gradio_api/run/<name>
+ran any event outside the queue (even by fn_index) and answered a bad call with 500 and a 3 KB
+traceback in the log (31 MB in 10 s).
+After: an allow-list of the routes the chat and the console use (the page: queue/join, queue/data,
+heartbeat, cancel, reset; gradio_client: info too; the console: upload, upload_progress, file=);
+every other path under /gradio_api/ answers 404 with a short JSON body, logs no traceback, and is
+logged as one line a second at most.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from tests.helpers.servers import EDGE_OPERATOR
+
+UNUSED = [("GET", "dev/reload"), ("GET", "deep_link?deep_link=x"), ("POST", "process_recording"),
+          ("POST", "run/nonexistent"), ("POST", "run/chat"), ("POST", "run/predict"), ("POST", "api/chat"),
+          ("POST", "call/chat"), ("GET", "startup-events"), ("GET", "app_id"), ("GET", "token"), ("GET", "user"),
+          ("GET", "login_check"), ("GET", "openapi.json"), ("POST", "stream/x"), ("POST", "vibe-edit"),
+          ("GET", "monitoring"), ("GET", "runs"), ("GET", "profiling/traces"), ("POST", "component_server")]
+CHAT_ONLY_UNUSED = [("GET", "file=/etc/hostname")]  # (the chat's upload routes answer 403: no uploads)
+CHAT_ARGS = {"data": ["你好", None, "电商客服", None, None]}
+
+
+def console_cookie(url: str) -> dict:
+    r = httpx.post(url + "admin/login", data={"username": EDGE_OPERATOR[0], "password": EDGE_OPERATOR[1]})
+    assert r.status_code == 200, r.text
+    return {"prefixdesk_console": r.cookies["prefixdesk_console"]}
+
+
+@pytest.mark.parametrize("prefix", ["", "admin/"])
+def test_routes_the_app_does_not_use_answer_404_and_log_no_traceback(edge, prefix):
+    cookies = console_cookie(edge.url) if prefix else {}
+    time.sleep(1.1)  # refusals are logged one line a second at most: start a fresh second
+    lines_before = len(edge.log_lines())
+    routes = UNUSED + (CHAT_ONLY_UNUSED if not prefix else [])
+    began = time.monotonic()
+    for method, route in routes:
+        started = time.monotonic()
+        r = httpx.request(method, f"{edge.url}{prefix}gradio_api/{route}", json=CHAT_ARGS, cookies=cookies,
+                          timeout=10)
+        assert (route, r.status_code, r.json()) == (route, 404, {"detail": "Not Found"})
+        assert time.monotonic() - started < 5  # answered, not held open as a stream
+    elapsed_s = time.monotonic() - began
+    if prefix:
+        assert httpx.get(f"{edge.url}admin/gradio_api/dev/reload", timeout=10).status_code == 401  # the gate first
+    time.sleep(0.5)
+    new = edge.log_lines()[lines_before:]
+    assert [line for line in new if "Traceback" in line or "Error" in line] == []
+    assert 1 <= len(new) <= int(elapsed_s) + 1, new  # one line a second at most, however many are refused
+    assert f"refused {routes[0][0]} /{prefix}gradio_api/{routes[0][1].split('?')[0]} from 127.0.0.1" in new[0]
+
+
+def test_the_routes_the_pages_and_gradio_client_use_still_work(edge):
+    from gradio_client import Client
+
+    client = Client(edge.url, verbose=False)
+    final = client.predict("价格保护怎么申请？", None, "电商客服", None, None, api_name="/chat")
+    assert final["done"] is True and final["prompt_tokens"] > 0
+    assert httpx.get(edge.url + "gradio_api/info").status_code == 200
+    assert httpx.get(edge.url + "config").status_code == 200

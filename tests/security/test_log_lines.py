@@ -1,0 +1,50 @@
+"""Attack: forge lines in the server's log with control characters in what a client sends.
+
+Before: a newline in a value that reached a log line — the path a FileData value names, a request
+path, a header — started a line of the attacker's own in the log (a fake ERROR, a fake login).
+After: the server's log formatter writes every record's message with control characters escaped
+(``\\n``, ``\\r``, ``\\x1b`` …; one helper, app/log_text.py), our own lines pass client values
+through the same helper, and the chat refuses a file-shaped value before Gradio reads it, so no
+traceback names it either.
+"""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+
+from tests.helpers.attack import call_event, config
+
+FORGED = "\r\n2026-12-01 09:00:00,000 ERROR app.console.access: operator admin logged in from 10.0.0.1"
+
+
+def new_lines(edge, action) -> list[str]:
+    time.sleep(1.1)  # the route guard logs one line a second at most: start a fresh second
+    before = len(edge.log_lines())
+    action()
+    time.sleep(0.5)
+    return edge.log_lines()[before:]
+
+
+def test_a_path_with_newlines_is_one_log_line(edge):
+    lines = new_lines(edge, lambda: httpx.get(edge.url + "gradio_api/x%0d%0a2026-12-01%2009:00:00,000%20ERROR"
+                                              "%20app.console.access:%20operator%20admin%20logged%20in"))
+    assert len(lines) == 1, lines
+    assert "/gradio_api/x\\r\\n2026-12-01 09:00:00,000 ERROR app.console.access: operator admin logged in" in lines[0]
+
+
+def test_a_file_path_with_newlines_in_a_chat_event_forges_no_line(edge):
+    cfg = config(edge.url)
+    [index] = [i for i, d in enumerate(cfg["dependencies"]) if d.get("api_name") == "chat"]
+    dep = cfg["dependencies"][index]
+    value = {"path": "/tmp/x" + FORGED, "orig_name": "a.txt", "meta": {"_type": "gradio.FileData"}}
+    messages: list = []
+    lines = new_lines(edge, lambda: messages.extend(call_event(edge.url, dep.get("id", index),
+                                                               [value, None, "电商客服", None, None],
+                                                               trigger_id=dep["targets"][0][0])))
+    assert [line for line in lines if line.startswith("2026-12-01 09:00:00")] == []
+    assert messages == [{"msg": "join_refused", "status": 400,
+                         "body": '{"detail":"This chat accepts no files: send your question as text."}'}]
+    assert len(lines) <= 1, lines
+
