@@ -1,4 +1,4 @@
-"""ASGI guards in front of everything the server exposes: body sizes, and no uploads to the chat.
+"""ASGI guards in front of everything the server exposes: body sizes, no uploads to the chat, no deep links.
 
 Sizes are checked before any work: a declared ``Content-Length`` over the limit is answered 413 at
 once, and a body that grows past it while streaming in is cut off. The chat takes no files, so its
@@ -8,10 +8,12 @@ upload route answers 403 whatever is sent; the console's takes template files up
 from __future__ import annotations
 
 import json
+from urllib.parse import parse_qsl, urlencode
 
 CHAT_UPLOAD = "/gradio_api/upload"
 CONSOLE_UPLOAD = "/admin/gradio_api/upload"
 MULTIPART_OVERHEAD = 64 << 10
+DEEP_LINK_ROUTES = ("/gradio_api/deep_link", "/admin/gradio_api/deep_link")
 
 
 class RequestGuard:
@@ -23,6 +25,9 @@ class RequestGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        scope = without_deep_links(scope)
+        if scope is None:
+            return await _reject(send, 404, "Not found.")
         path = scope.get("path", "")
         if path.startswith(CHAT_UPLOAD):
             return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
@@ -55,6 +60,22 @@ class RequestGuard:
             await send(event)
 
         await self.app(scope, limited_receive, guarded_send)
+
+
+def without_deep_links(scope) -> dict | None:
+    """``scope`` without Gradio's deep links, or None for the route that makes one (answer 404).
+
+    A deep link is a snapshot of one session's page that anyone can open as their own: it handed a
+    stranger the session key in a BrowserState, and planted one customer's markup in another's page.
+    The app uses none: the route is gone, and a page asked for one (``?deep_link=``) is the plain page.
+    """
+    if scope.get("path", "").rstrip("/") in DEEP_LINK_ROUTES:
+        return None
+    query = scope.get("query_string", b"")
+    if b"deep_link" not in query:
+        return scope
+    kept = [(k, v) for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True) if k != "deep_link"]
+    return {**scope, "query_string": urlencode(kept).encode("latin-1")}
 
 
 def _content_length(scope) -> int | None:
