@@ -31,12 +31,15 @@ class HealthWindows:
     def window(self, name: str) -> None:
         self._current = self.ms[name] = []
 
-    def p50(self, name: str) -> float:
-        return statistics.median(self.ms[name])
+    def quantile(self, name: str, q: float) -> float:
+        """The ``q`` quantile (0-1) of the window's latencies, in ms."""
+        ms = sorted(self.ms[name])
+        return ms[min(len(ms) - 1, int(q * len(ms)))]
 
     def summary(self, name: str) -> str:
         ms = self.ms[name]
-        return f"{name}: p50 {statistics.median(ms):.0f} ms, max {max(ms):.0f} ms over {len(ms)} probes"
+        return (f"{name}: p50 {statistics.median(ms):.0f} ms, p90 {self.quantile(name, 0.9):.0f} ms, "
+                f"max {max(ms):.0f} ms over {len(ms)} probes")
 
     def _run(self):
         with httpx.Client() as client:

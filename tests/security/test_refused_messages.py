@@ -61,7 +61,7 @@ def test_refused_messages_from_fresh_sessions_keep_no_memory_and_stall_no_one(tm
               f"{health.summary('flood')}")
         assert shown == [[TOO_LONG]] * NUM_MESSAGES
         assert grown < GROWTH_LIMIT_MIB
-        assert health.p50("flood") <= 3 * health.p50("before") + 10
+        assert health.quantile("flood", 0.9) <= 3 * health.quantile("before", 0.9) + 20
     finally:
         assert server.stop() == 0
 

@@ -18,7 +18,6 @@ import pytest
 import sqlite_utils
 from gradio_client import Client
 
-from app.core.session_keys import SessionKeys
 from tests.helpers.attack import config, dependency, join, output, run, stream
 from tests.helpers.servers import SecondServer
 
@@ -33,10 +32,25 @@ def events(server_url) -> dict:
 
 
 def browser(url: str) -> httpx.Client:
-    """A browser: its cookie jar gets the page's cookie, as a real one does on the page load."""
+    """A browser: its cookie jar keeps what the page load sets, as a real one does."""
     client = httpx.Client(timeout=120)
-    assert client.get(url).status_code == 200 and "pd_browser" in client.cookies
+    assert client.get(url).status_code == 200
     return client
+
+
+def server_keys(data_dir):
+    from app.core.session_keys import SessionKeys  # here: the attacks below run against code without it too
+
+    return SessionKeys((data_dir / "session-key.key").read_text().strip())
+
+
+def answer(client: httpx.Client, method: str, url: str, **kwargs) -> tuple[int, object]:
+    """The status and JSON body of a refusal; of a stream (a stranger let in), the status and its first line."""
+    with client.stream(method, url, **kwargs) as r:
+        if r.headers.get("content-type", "").startswith("text/event-stream"):
+            return r.status_code, next(r.iter_lines(), "")
+        r.read()
+        return r.status_code, r.json()
 
 
 def conversations(load_output: list) -> list:
@@ -52,14 +66,19 @@ def test_a_stranger_with_the_victims_session_hash_gets_nothing_of_it(server_url,
                   session)
     assert joined.status_code == 200
     for client in (stranger, anonymous):
-        data = client.get(server_url + "gradio_api/queue/data", params={"session_hash": session})
-        heartbeat = client.get(server_url + f"gradio_api/heartbeat/{session}")
-        cancel = client.post(server_url + "gradio_api/cancel", json={"session_hash": session, "fn_index": 0,
-                                                                     "event_id": joined.json()["event_id"]})
-        inside = join(client, server_url, events["on_load"], [key], session)  # an event run with the victim's state
-        assert [(r.status_code, r.json()) for r in (data, heartbeat, cancel, inside)] == [(403, NOT_YOURS)] * 4
-        deep_link = client.get(server_url + "gradio_api/deep_link", params={"session_hash": session})
-        assert (deep_link.status_code, deep_link.json()) == (404, {"detail": "Not found."})
+        tried = [
+            answer(client, "GET", server_url + "gradio_api/queue/data", params={"session_hash": session}),
+            answer(client, "GET", server_url + f"gradio_api/heartbeat/{session}"),
+            answer(client, "POST", server_url + "gradio_api/cancel", json={
+                "session_hash": session, "fn_index": events["send"]["id"], "event_id": joined.json()["event_id"]}),
+            # an event run inside the victim's session, with its state
+            answer(client, "POST", server_url + "gradio_api/queue/join", json={
+                "data": [key], "fn_index": events["on_load"]["id"], "session_hash": session, "event_data": None,
+                "trigger_id": events["on_load"]["targets"][0][0]}),
+        ]
+        assert tried == [(403, NOT_YOURS)] * 4
+        deep_link = answer(client, "GET", server_url + "gradio_api/deep_link", params={"session_hash": session})
+        assert deep_link == (404, {"detail": "Not found."})
     # ... and the victim's answer reaches the victim whole.
     final = output(stream(victim, server_url, session))
     assert final[0][-1]["metadata"]["title"].startswith("⚡") and final[3] == key
@@ -75,17 +94,18 @@ def test_keys_the_server_did_not_issue_open_nothing(server_url, events, db, sett
     api = Client(server_url, verbose=False)
     mine = api.predict("发票抬头可以改吗？", None, "电商客服", None, None, api_name="/chat")
     stored_key = db["conversations"].get(mine["conversation_id"])["session_key"]
-    keys = SessionKeys((settings.data_dir / "session-key.key").read_text().strip())
+    client = browser(server_url)
+    forged = [stored_key, f"api-{api.session_hash}", uuid.uuid4().hex, "", "b." + "A" * 22 + "." + "A" * 22,
+              "k" * 900_000, 12345]
+    for value in forged:  # /chat's own key, its old form, a key of the old form, a key of no one, giant, a number
+        key, _, listed = output(run(client, server_url, events["on_load"], [value], uuid.uuid4().hex))
+        assert (listed["choices"], key != value) == ([], True), value  # a fresh key, with no conversation
+    keys = server_keys(settings.data_dir)
     assert stored_key == keys.api(api.session_hash) and stored_key.startswith("a.")
     issued = keys.mint_browser()
-    forged = [stored_key, f"api-{api.session_hash}", uuid.uuid4().hex, "", "b." + "A" * 22 + "." + "A" * 22,
-              issued[:-1] + ("B" if issued[-1] != "B" else "C"), "k" * 900_000, 12345]
-    client = browser(server_url)
-    for value in forged:
-        session = uuid.uuid4().hex
-        key, _, listed = output(run(client, server_url, events["on_load"], [value], session))
-        assert keys.browser(key) == key != value  # a fresh key of the server's ...
-        assert listed["choices"] == []  # ... with no conversation
+    tampered = issued[:-1] + ("B" if issued[-1] != "B" else "C")
+    key, _, listed = output(run(client, server_url, events["on_load"], [tampered], uuid.uuid4().hex))
+    assert keys.browser(key) == key != tampered and listed["choices"] == []
     key, _, listed = output(run(client, server_url, events["on_load"], [issued], uuid.uuid4().hex))
     assert (key, listed["choices"]) == (issued, [])  # an issued key is kept
 
@@ -106,7 +126,7 @@ def test_a_giant_or_forged_session_key_writes_nothing(services, engine_loop, tmp
                 run(client, url, load, [value], session)
                 out = output(run(client, url, send, ["你好", "电商客服", None, value, None], session))
                 assert [m["content"][0]["text"] for m in out[0]] == [EXPIRED]
-                assert SessionKeys((tmp_path / "session-key.key").read_text().strip()).browser(out[3]) == out[3]
+                assert server_keys(tmp_path).browser(out[3]) == out[3]  # the page gets a key of the server's
         assert (db["conversations"].count, db["messages"].count) == before
         assert (path.stat().st_size, path.with_name("prefixdesk.db-wal").stat().st_size) == sizes
 
@@ -118,6 +138,8 @@ def test_a_session_hash_is_bounded_and_gradio_client_needs_nothing_more(server_u
         assert (r.status_code, r.json()) == (400, {"detail": "session_hash 必须是 1 到 64 个字母、数字、“-”或“_”。"})
     r = client.get(server_url + "gradio_api/queue/data", params=[("session_hash", "a1"), ("session_hash", "a2")])
     assert r.status_code == 400
+    assert "pd_browser" in client.cookies  # the page load gave it
     # gradio_client keeps the cookie of the config it fetches first: a script needs nothing else.
-    out = Client(server_url, verbose=False).predict("退货要多久？", None, "电商客服", None, None, api_name="/chat")
-    assert out["status"] == "ok"
+    api = Client(server_url, verbose=False)
+    assert "pd_browser" in api.cookies
+    assert api.predict("退货要多久？", None, "电商客服", None, None, api_name="/chat")["status"] == "ok"
