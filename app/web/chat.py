@@ -78,7 +78,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
                    request: gr.Request):
         shown = list(shown or [])
-        if message is None or isinstance(message, str) and not message.strip():
+        if message is None or (isinstance(message, str) and not message.strip()):
             yield _screen(shown + [_notice(t["empty"], t)])
             return
         try:  # type, rate and size, before anything keeps the message
