@@ -52,7 +52,7 @@ def test_refused_messages_from_fresh_sessions_keep_no_memory_and_stall_no_one(tm
         server.wait_ready()
         refuse_from_fresh_sessions(server.url, 10)  # the first events import and cache what all later ones use
         with HealthWindows(server.url) as health:
-            time.sleep(3)  # the control window
+            time.sleep(5)  # the control window
             before = rss_mib(server.proc.pid)
             health.window("flood")
             shown = refuse_from_fresh_sessions(server.url, NUM_MESSAGES)
@@ -61,7 +61,8 @@ def test_refused_messages_from_fresh_sessions_keep_no_memory_and_stall_no_one(tm
               f"{health.summary('flood')}")
         assert shown == [[TOO_LONG]] * NUM_MESSAGES
         assert grown < GROWTH_LIMIT_MIB
-        assert health.quantile("flood", 0.9) <= 3 * health.quantile("before", 0.9) + 20
+        # Before the fix: p90 154 ms against 6 ms in the control window.
+        assert health.quantile("flood", 0.9) <= 4 * health.quantile("before", 0.9) + 40
     finally:
         assert server.stop() == 0
 
