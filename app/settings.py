@@ -25,6 +25,7 @@ BUILT_IN_MODELS = ("qwen2.5-0.5b-demo",)
 WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
                             "password1", "qwertyui", "letmein1"})
 MIN_PASSWORD_CHARS = 8
+QUANTIZATIONS = ("fp8", "awq", "gptq")  # PREFIXDESK_QUANTIZATION's values besides empty (app/engine/precision.py)
 
 Check = Callable[[Any], "str | None"]  # a value's problem ("must be ..."), or None when it is fine
 
@@ -154,9 +155,17 @@ class Settings:
     engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold requests without any progress before "
                                              "/healthz reports it down and it is restarted as after a crash.",
                                              check=at_least(1, " second"))
-    tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model.")
+    tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model. Empty: the model's own; "
+                              "for a Baichuan2 folder, its tokenizer.model converted to a fast tokenizer with the "
+                              "Baichuan2 chat template under the data dir on first use.")
     dtype: str = _setting("auto", "Weight and activation dtype (auto, bfloat16, float16, float32).")
-    trust_remote_code: bool = _setting(False, "Allow the model's own code (needed by Baichuan2).")
+    quantization: str = _setting("", "Weight quantization: empty (the checkpoint's own weights, or the "
+                                 "quantization_config its config.json carries), fp8 (weights quantized to fp8 as they "
+                                 "load; GPUs of compute capability 8.9 or newer), awq or gptq (a checkpoint quantized "
+                                 "that way). Not available on CPU.", check=lambda v: None if v in ("", *QUANTIZATIONS)
+                                 else f"must be empty or one of {', '.join(QUANTIZATIONS)}, not {v!r}")
+    trust_remote_code: bool = _setting(False, "Allow the model's own Python code (models neither vLLM nor prefixdesk "
+                                       "supports; Baichuan2 needs none).")
     load_format: str = _setting("auto", "vLLM load format; 'dummy' loads random weights for benchmarks.")
     tensor_parallel_size: int = _setting(1, "Number of GPUs one model is split across.", check=at_least(1))
     gpu_memory_utilization: float = _setting(0.9, "Share of GPU memory vLLM may take (GPU only).", check=_share)
@@ -187,6 +196,12 @@ class Settings:
     seed: int = _setting(0, "Seed of the engine's sampler.")
     ignore_eos: bool = _setting(False, "Answers always run to PREFIXDESK_MAX_TOKENS, past the model's end token: for "
                                 "load tests and soak runs, where every answer must cost the same. Off for customers.")
+    engine_step_delays: bool = _setting(False, "Tests only: the engine (with the launcher, every replica) lets an "
+                                        "answer ask for a pause after each engine step, so a test can stop, kill or "
+                                        "signal an answer that is certainly still streaming. Off: no extra logits "
+                                        "processor runs.")
+    step_delay_ms: int = _setting(0, "Tests only: every answer asks the engine for this pause (milliseconds) after "
+                                  "each step; needs PREFIXDESK_ENGINE_STEP_DELAYS. 0: none.", check=between(0, 1000))
     max_concurrent_requests: int = _setting(0, "Answers generated at once; more are told the desk is busy. 0 picks "
                                             "twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the "
                                             "remote engine.", check=at_least(0))
@@ -219,6 +234,9 @@ class Settings:
     kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
     kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "
                                        "ipc socket in the temp folder.", check=_zmq_endpoint)
+    kv_cache_metrics: bool = _setting(False, "Let vLLM sample KV blocks as they are evicted (its --kv-cache-metrics, 1% "
+                                      "of blocks): the cache page then shows how long blocks live and sit idle "
+                                      "before eviction.")
     sample_interval_s: float = _setting(2.0, "Seconds between the cache samples kept for the console's plots.",
                                         check=at_least(0.1, " seconds"))
     sample_retention_h: int = _setting(168, "Hours of cache samples kept in the database; older ones are deleted.",
@@ -290,6 +308,8 @@ RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
                                 if s.tenant_header and not s.trusted_proxies else None),
     ("engine_url", lambda s: f"must be an http(s) URL when PREFIXDESK_ENGINE=remote, not {s.engine_url!r}"
                              if s.engine == "remote" and not s.engine_url.startswith(("http://", "https://")) else None),
+    ("step_delay_ms", lambda s: "needs PREFIXDESK_ENGINE_STEP_DELAYS=true: the engine ignores it otherwise"
+                                if s.step_delay_ms and not s.engine_step_delays else None),
     ("admin_password", _weak_password),
     ("model", _model_exists),
 )

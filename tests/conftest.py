@@ -21,7 +21,8 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment above)
-from tests.helpers.servers import OUTPUT_DIR, SecondServer, settings_for, start_services  # noqa: E402
+from tests.helpers.servers import OUTPUT_DIR, SecondServer, serving, settings_for, start_services  # noqa: E402
+from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
 
@@ -85,8 +86,6 @@ def block_size(engine) -> int:
 @pytest.fixture(scope="session")
 def server_url(services, engine_loop):
     """A real uvicorn server for the app, on the engine's loop, on a free port."""
-    import time
-
     import uvicorn
 
     from app.web.server import create_app, uvicorn_config
@@ -94,12 +93,7 @@ def server_url(services, engine_loop):
     config = uvicorn_config(create_app(services), services.settings, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(), engine_loop)
-    deadline = time.monotonic() + 30
-    while not server.started or not (services.ready and services.ready.is_set()):
-        if future.done():
-            future.result()
-        assert time.monotonic() < deadline, "server did not start in 30 s"
-        time.sleep(0.05)
+    wait_until(lambda: serving(server, future, services), 30, "the server to start")
     yield f"http://127.0.0.1:{services.settings.port}/"
     server.should_exit = True
     future.result(timeout=30)
@@ -150,3 +144,22 @@ def limited(services, engine_loop, tmp_path_factory):
     with SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
                       max_streams_per_client=2, max_tokens=600) as url:
         yield url
+
+
+# -- the Baichuan2 plugin's tests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def baichuan_plugin(tmp_path_factory) -> None:
+    """The plugin's entry point, visible to this process and every process it starts."""
+    from tests.helpers.baichuan import make_plugin_visible
+
+    make_plugin_visible(tmp_path_factory.mktemp("plugin-dist"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """The tiny checkpoint of each kind ("7b": RoPE, safetensors; "13b": ALiBi, pytorch .bin)."""
+    from tests.helpers.baichuan import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-baichuan"))

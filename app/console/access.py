@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import gradio as gr
 
@@ -84,12 +85,25 @@ class LoginThrottle:
             del self._clients[client]
 
 
+class Clock:
+    """The console's time: ``monotonic()`` for login delays and the session cache, ``utcnow()`` for the
+    expiry the database keeps. Tests pass one they move by hand."""
+
+    def monotonic(self) -> float:
+        return time.monotonic()
+
+    def utcnow(self) -> datetime:
+        return utcnow()
+
+
 class ConsoleAccess:
-    def __init__(self, db: Database, *, ttl_s: float, free_attempts: int, language: str = "en"):
+    def __init__(self, db: Database, *, ttl_s: float, free_attempts: int, language: str = "en",
+                 clock: Clock | None = None):
         self.db = db
         self.ttl_s = ttl_s
         self.language = language
-        self.throttle = LoginThrottle(free_attempts)
+        self._clock = clock or Clock()
+        self.throttle = LoginThrottle(free_attempts, clock=self._clock.monotonic)
         self._hashing = asyncio.Semaphore(HASH_CONCURRENCY)
         self._waiting = 0
         self._cache: dict[str, tuple[str | None, float]] = {}  # token hash -> (operator, valid until, monotonic)
@@ -98,8 +112,9 @@ class ConsoleAccess:
         """A new session token for ``name``; raises LoginRefused (with when to try again)."""
         wait_s = self.throttle.wait_s(client)
         if wait_s > 0:
-            raise LoginRefused(f"Too many failed logins from your address; try again in {wait_s:.0f} s.",
-                               status=429, retry_after_s=int(wait_s) + 1)
+            whole_s = math.ceil(wait_s)  # never "try again in 0 s", never a second more than the wait
+            raise LoginRefused(f"Too many failed logins from your address; try again in {whole_s} s.",
+                               status=429, retry_after_s=whole_s)
         if self._waiting >= MAX_WAITING_CHECKS:
             raise LoginRefused("The console is checking many logins at once; try again in a few seconds.",
                                status=429, retry_after_s=2)
@@ -116,7 +131,7 @@ class ConsoleAccess:
         self.throttle.succeeded(client)
         token = secrets.token_urlsafe(32)
         await self.db.write(db_operators.open_session, token_hash=_hash(token), operator=name,
-                            expires_at=utcnow() + timedelta(seconds=self.ttl_s), client=client)
+                            expires_at=self._clock.utcnow() + timedelta(seconds=self.ttl_s), client=client)
         return token
 
     async def operator_of(self, token: str | None, *, fresh: bool = False) -> str | None:
@@ -129,15 +144,16 @@ class ConsoleAccess:
             return None
         key = _hash(token)
         cached = self._cache.get(key)
-        now = time.monotonic()
+        now = self._clock.monotonic()
         if not fresh and cached is not None and now < cached[1]:
             return cached[0]
-        session = await self.db.read(db_operators.find_session, token_hash=key, now=utcnow())
+        utc_now = self._clock.utcnow()
+        session = await self.db.read(db_operators.find_session, token_hash=key, now=utc_now)
         if len(self._cache) > 10_000:
             self._cache.clear()
         operator = session.operator if session else None
         # Trusted for SESSION_CACHE_S, and never past the session's own expiry.
-        left_s = (session.expires_at - utcnow()).total_seconds() if session else SESSION_CACHE_S
+        left_s = (session.expires_at - utc_now).total_seconds() if session else SESSION_CACHE_S
         self._cache[key] = (operator, now + min(SESSION_CACHE_S, left_s))
         return operator
 

@@ -48,10 +48,12 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
             return _refusal(t, t["cross_origin"], 403, wants_html)
         form = await request.form()
         name, password = form.get("username", ""), form.get("password", "")
+        # A refused login shows the page again with the name kept (never the password).
+        kept = name if isinstance(name, str) and len(name) <= MAX_FIELD_CHARS else ""
         if not isinstance(name, str) or not isinstance(password, str) or not name or not password:
-            return _refusal(t, t["login_fields"], 400, wants_html)
+            return _refusal(t, t["login_fields"], 400, wants_html, name=kept)
         if len(name) > MAX_FIELD_CHARS or len(password) > MAX_FIELD_CHARS:
-            return _refusal(t, t["login_too_long"].format(n=MAX_FIELD_CHARS), 400, wants_html)
+            return _refusal(t, t["login_too_long"].format(n=MAX_FIELD_CHARS), 400, wants_html, name=kept)
         try:
             client = trust.caller(request.client.host if request.client else None, request.headers).address
         except TenantRefused as exc:
@@ -60,7 +62,7 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
             token = await access.login(name=name.strip(), password=password, client=client)
         except LoginRefused as exc:
             message = t["wrong_password"] if exc.status == 401 else str(exc)
-            response = _refusal(t, message, exc.status, wants_html)
+            response = _refusal(t, message, exc.status, wants_html, name=kept)
             if exc.retry_after_s:
                 response.headers["Retry-After"] = str(exc.retry_after_s)
             return response
@@ -132,13 +134,13 @@ def _https(request: Request, trust: ProxyTrust) -> bool:
     return trust.trusts(peer) and request.headers.get("x-forwarded-proto", "") == "https"
 
 
-def _refusal(t: dict, message: str, status: int, wants_html: bool) -> Response:
+def _refusal(t: dict, message: str, status: int, wants_html: bool, *, name: str = "") -> Response:
     if wants_html:
-        return _page(t, message, status=status)
+        return _page(t, message, status=status, name=name)
     return JSONResponse({"detail": message}, status_code=status)
 
 
-def _page(t: dict, message: str, *, status: int = 200) -> HTMLResponse:
+def _page(t: dict, message: str, *, status: int = 200, name: str = "") -> HTMLResponse:
     notice = f'<p class="notice" role="alert">{html.escape(message)}</p>' if message else ""
     body = f"""<!doctype html>
 <html lang="{t['lang']}"><head><meta charset="utf-8">
@@ -161,9 +163,11 @@ def _page(t: dict, message: str, *, status: int = 200) -> HTMLResponse:
 {notice}
 <form method="post" action="{PREFIX}/login">
 <label for="username">{html.escape(t['login_name'])}</label>
-<input id="username" name="username" autocomplete="username" required maxlength="{MAX_FIELD_CHARS}">
+<input id="username" name="username" autocomplete="username" required maxlength="{MAX_FIELD_CHARS}" \
+value="{html.escape(name, quote=True)}"{'' if name else ' autofocus'}>
 <label for="password">{html.escape(t['login_password'])}</label>
-<input id="password" name="password" type="password" autocomplete="current-password" required maxlength="{MAX_FIELD_CHARS}">
+<input id="password" name="password" type="password" autocomplete="current-password" required \
+maxlength="{MAX_FIELD_CHARS}"{' autofocus' if name else ''}>
 <button type="submit">{html.escape(t['login_button'])}</button>
 </form></main></body></html>"""
     return HTMLResponse(body, status_code=status, headers={"Cache-Control": "no-store"})

@@ -16,8 +16,9 @@ from datetime import datetime
 from app.core.catalog import TemplateCatalog
 from app.core.prompts import PromptBuilder, common_prefix_len, system_text
 from app.db import Database
+from app.db import review as db_review
 from app.db import templates as db_templates
-from app.db.rows import Change, TemplateDetail
+from app.db.rows import Change, SplitView, TemplateDetail
 from app.db.templates import TemplateAdminError
 from app.template_files import TemplateFile, parse
 
@@ -124,6 +125,20 @@ class Templates:
     async def publish(self, *, name: str, version: int, user: str) -> Change:
         return await self._change(db_templates.publish, name=name, version=version, user=user,
                                   check_fits=self.meter.check_fits)
+
+    async def start_split(self, *, name: str, version: int, share: float, user: str) -> Change:
+        return await self._change(db_templates.start_split, name=name, version=version, share=share, user=user,
+                                  check_fits=self.meter.check_fits)
+
+    async def promote(self, *, name: str, user: str) -> Change:
+        return await self._change(db_templates.promote_candidate, name=name, user=user,
+                                  check_fits=self.meter.check_fits)
+
+    async def end_split(self, *, name: str, user: str) -> Change:
+        return await self._change(db_templates.end_split, name=name, user=user)
+
+    async def split_view(self, name: str) -> SplitView:
+        return await self.db.read(db_review.split_view, template=name)
 
     async def delete(self, *, name: str, user: str) -> Change:
         return await self._change(db_templates.delete, name=name, user=user)

@@ -81,10 +81,12 @@ def build_templates_tab(console: Console):
         try:
             change = await templates.save(name=name, text=text, base_version=int(base_version), user=user)
         except REFUSED as exc:
-            return refused(exc), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        # The new version is picked for publishing: "Publish this version" then publishes what was just saved.
-        _, latest, version, *_, info = await info_line(name, select=change.after_version)
-        return t["tpl_saved"].format(name=name, version=change.after_version), latest, version, await table(), info
+            return refused(exc), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        # The new version is picked for publishing: "Publish this version" then publishes what was just saved;
+        # the diff's lists gain it too (A: the first version, B: the new one).
+        _, latest, version, _, _, version_a, version_b, info = await info_line(name, select=change.after_version)
+        return (t["tpl_saved"].format(name=name, version=change.after_version), latest, version, await table(), info,
+                version_a, version_b)
 
     async def publish(name: str, version: float, request: gr.Request, progress=gr.Progress()):
         user = await access.require(request)
@@ -98,9 +100,10 @@ def build_templates_tab(console: Console):
         except REFUSED as exc:
             return refused(exc), gr.skip(), gr.skip()
         verb = t["tpl_verb_rollback"] if change.action == "rollback" else t["tpl_verb_publish"]
-        message = t["tpl_published"].format(verb=verb, name=name, before=change.before_version or "—",
-                                            after=change.after_version, ms=f"{result.elapsed_ms:.0f}",
-                                            cached=result.num_cached_tokens, prefix=result.num_prefix_tokens)
+        before = f"v{change.before_version}" if change.before_version else "—"
+        message = t["tpl_published"].format(verb=verb, name=name, before=before, after=change.after_version,
+                                            ms=f"{result.elapsed_ms:.0f}", cached=result.num_cached_tokens,
+                                            prefix=result.num_prefix_tokens)
         *_, info = await info_line(name)
         return message, await table(), info
 
@@ -228,8 +231,9 @@ def build_templates_tab(console: Console):
     name.change(open_template, name, editor, api_name="open", **quiet)
     text.change(live_preview, [name, text], [preview_md, rendered], api_name="preview", trigger_mode="always_last",
                 show_progress="hidden")
-    save_btn.click(save, [name, text, base_version], [status, base_version, version, templates_table, info],
-                   api_name="save", **quiet)
+    save_btn.click(save, [name, text, base_version],
+                   [status, base_version, version, templates_table, info, version_a, version_b], api_name="save",
+                   **quiet)
     publish_btn.click(publish, [name, version], [status, templates_table, info], api_name="publish")
     pinned.input(pin, [name, pinned], [status, templates_table], api_name="pin", **quiet)
     internal_box.input(internal, [name, internal_box], [status, templates_table], api_name="internal", **quiet)

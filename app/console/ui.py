@@ -11,13 +11,16 @@ import gradio as gr
 from app.console.cache_ui import CSS as CACHE_CSS
 from app.console.cache_ui import build_cache_tab
 from app.console.context import Console
+from app.console.conversations_ui import CSS as CONVERSATIONS_CSS
+from app.console.conversations_ui import build_conversations_tab
 from app.console.demo_ui import build_demo_tab
-from app.console.i18n import headers
+from app.console.i18n import audit_word, headers
 from app.console.templates_ui import build_templates_tab
+from app.console.versions_ui import build_versions_tab
 from app.console.warmup_ui import build_warmup_tab
 from app.db import audit as db_audit
 
-CSS = CACHE_CSS + """
+CSS = CACHE_CSS + CONVERSATIONS_CSS + """
 footer { display: none !important; }
 #pd-demo-banner { background: #fff4e5; border: 1px solid #f0b429; border-radius: 6px; padding: 4px 12px; }
 #pd-console-header { align-items: center; }
@@ -41,8 +44,11 @@ def build_admin(console: Console) -> gr.Blocks:
     async def audit_rows(request: gr.Request):
         await access.require(request)
         rows = await console.db.read(db_audit.recent)
-        return [[f"{r.t:%Y-%m-%d %H:%M:%S}", r.user, r.action, r.target, r.field, r.before or "", r.after or ""]
-                for r in rows]
+        def word(kind: str, value: str) -> str:
+            return audit_word(console.language, kind, value)
+
+        return [[f"{r.t:%Y-%m-%d %H:%M:%S}", r.user, word("action", r.action), word("value", r.target),
+                 word("field", r.field), word("value", r.before or ""), word("value", r.after or "")] for r in rows]
 
     with gr.Blocks(title=t["title"], analytics_enabled=False) as demo:
         with gr.Row(elem_id="pd-console-header"):
@@ -56,6 +62,10 @@ def build_admin(console: Console) -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab(t["tab_templates"], id="templates"):
                 loads.append(build_templates_tab(console))
+            with gr.Tab(t["tab_versions"], id="versions"):
+                loads.append(build_versions_tab(console))
+            with gr.Tab(t["tab_conversations"], id="conversations"):
+                loads.append(build_conversations_tab(console))
             with gr.Tab(t["tab_warmup"], id="warmup"):
                 loads.append(build_warmup_tab(console))
             with gr.Tab(t["tab_cache"], id="cache"):

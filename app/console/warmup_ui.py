@@ -10,9 +10,10 @@ import gradio as gr
 
 from app.console.context import Console
 from app.console.i18n import headers
+from app.core.cache_tree import plural, template_label
 from app.core.cache_view import template_residency
 from app.core.routing import family_keys
-from app.core.warmup import touch, warm
+from app.core.warmup import touch, warm_all
 from app.db import audit as db_audit
 from app.db.models import utcnow
 
@@ -20,8 +21,8 @@ from app.db.models import utcnow
 @dataclass(frozen=True)
 class Touch:
     t: datetime
-    num_cached_tokens: int  # what the touch found still cached
-    full_block_tokens: int  # the whole prefix in full blocks: equal means it was resident
+    cached_blocks: int  # what the touch found still cached, in full blocks
+    prefix_blocks: int  # the whole prefix in full blocks: equal means it was resident
 
 
 def build_warmup_tab(console: Console):
@@ -35,22 +36,24 @@ def build_warmup_tab(console: Console):
 
     async def warm_some(name: str | None, request: gr.Request):
         user = await access.require(request)
-        targets = [x for x in catalog.all() if not name or x.name == name]
+        n = len([e for e in catalog.entries() if not name or e.template.name == name])
         rows: list[list] = []
         started = time.perf_counter()
-        for i, template in enumerate(targets, 1):
-            yield t["warm_progress"].format(name=template.name, i=i, n=len(targets)), rows
-            r = await warm(console.engine, template, catalog.prefix_ids(template.name), probe_id=console.probe_id,
-                           shards=console.settings.family_shards)
+        yield t["warm_progress"].format(i=1, n=n), rows
+        async for r in warm_all(console.engine, catalog, probe_id=console.probe_id,
+                                shards=console.settings.family_shards, name=name or None):
             await console.db.write(db_audit.record, user=user, action="warmup", target=r.template,
                                    field="cached prefix tokens", before=r.was_cached_tokens, after=r.num_cached_tokens)
-            rows = rows + [[r.template, r.num_prefix_tokens, r.was_cached_tokens, r.num_cached_tokens, r.elapsed_ms]]
+            label = template_label(r.template, r.version, r.candidate, t)
+            rows = rows + [[label, r.num_prefix_tokens, r.was_cached_tokens, r.num_cached_tokens, r.elapsed_ms]]
+            if len(rows) < n:
+                yield t["warm_progress"].format(i=len(rows) + 1, n=n), rows
         ms = f"{(time.perf_counter() - started) * 1000:.0f}"
-        yield t["warm_done"].format(n=len(targets), ms=ms), rows
+        yield plural(t, "warm_done", len(rows), ms=ms), rows
 
     async def pinned_rows(request: gr.Request):
         await access.require(request)
-        residency = {r.name: r for r in template_residency(catalog=catalog, engine=console.engine)}
+        residency = {r.name: r for r in template_residency(catalog=catalog, engine=console.engine) if not r.candidate}
         rows = []
         for x in catalog.all():
             if not x.pinned:
@@ -58,8 +61,8 @@ def build_warmup_tab(console: Console):
             touched = last_touch.get(x.name)
             r = residency.get(x.name)
             rows.append([x.name, f"{touched.t:%H:%M:%S}" if touched else "",
-                         touched.num_cached_tokens if touched else "", touched.full_block_tokens if touched else "",
-                         t["blocks_of"].format(resident=r.resident_blocks, total=r.num_blocks) if r else t["kv_off"]])
+                         touched.cached_blocks if touched else "", touched.prefix_blocks if touched else "",
+                         r.resident_blocks if r else t["kv_off"]])
         return rows
 
     async def touch_now(request: gr.Request):
@@ -69,7 +72,7 @@ def build_warmup_tab(console: Console):
             prefix = catalog.prefix_ids(x.name)
             for key in family_keys(x.family, shards=console.settings.family_shards):
                 stats = await touch(console.engine, prefix, probe_id=console.probe_id, key=key)
-            last_touch[x.name] = Touch(utcnow(), stats.num_cached_tokens, len(prefix) // size * size)
+            last_touch[x.name] = Touch(utcnow(), stats.num_cached_tokens // size, len(prefix) // size)
             await console.db.write(db_audit.record, user=user, action="touch", target=x.name,
                                    field="cached prefix tokens", before=stats.num_cached_tokens,
                                    after=len(prefix) // size * size)

@@ -19,7 +19,7 @@ from datetime import timedelta
 from app.core.cache_view import read_cache_view, sample_of
 from app.core.catalog import TemplateCatalog
 from app.core.routing import family_keys
-from app.core.warmup import probe_token, touch, warm
+from app.core.warmup import probe_token, touch, warm_all
 from app.db import Database
 from app.db import leases as db_leases
 from app.db import metrics as db_metrics
@@ -80,18 +80,16 @@ class KeepWarm(Loop):
         self.engine, self.catalog, self.probe_id, self.shards = engine, catalog, probe_id, shards
 
     async def tick(self) -> None:
-        for t in self.catalog.all():
-            if t.pinned:
-                for key in family_keys(t.family, shards=self.shards):
-                    await touch(self.engine, self.catalog.prefix_ids(t.name), probe_id=self.probe_id, key=key)
+        for entry in self.catalog.entries():  # a pinned template's split candidate is kept warm too
+            if entry.template.pinned:
+                for key in family_keys(entry.template.family, shards=self.shards):
+                    await touch(self.engine, entry.prefix_ids, probe_id=self.probe_id, key=key)
 
 
 async def warm_published(*, engine: Engine, catalog: TemplateCatalog, probe_id: int, shards: int = 1) -> int:
-    """Warm every published template (pinned first); returns how many. Run before the chat reports ready."""
-    templates = sorted(catalog.all(), key=lambda t: not t.pinned)
-    for t in templates:
-        await warm(engine, t, catalog.prefix_ids(t.name), probe_id=probe_id, shards=shards)
-    return len(templates)
+    """Warm every published template and split candidate (pinned first); returns how many. Run before the
+    chat reports ready."""
+    return len([r async for r in warm_all(engine, catalog, probe_id=probe_id, shards=shards)])
 
 
 @contextlib.asynccontextmanager

@@ -1,9 +1,12 @@
 """The numbers behind the console's cache page, free of any UI.
 
-``read_cache_view`` gathers one reading: the KV cache's blocks (from the engine's scheduler stats
-and the KV-event residency mirror), vLLM's prefix-cache hit rate (cached tokens / queried prompt
-tokens), the time to first token of cache hits and misses, and memory. ``template_residency``
-breaks residency down per template. Database reads and process probes run off the event loop.
+``read_cache_view`` gathers one reading: the KV cache's blocks, each in one state — held by running
+requests, evictable (cached, held by none) or empty — so they add up to the total; the customers'
+hit rate, from their stored answers (the demo, the A/B and warmups are never stored), beside vLLM's
+own, which counts every request; prompt tokens by source, preemptions and waiting reasons where
+the installed vLLM reports them; the time to first token of cache hits and misses; and memory.
+``template_residency`` breaks residency down per template version. Database reads and process
+probes run off the event loop.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ from app.core.catalog import TemplateCatalog
 from app.db import Database
 from app.db import metrics as db_metrics
 from app.db.models import utcnow
-from app.db.rows import SampleRow, TtftSplit
-from app.engine import Engine, KVEventStats
+from app.db.rows import HitRate, SampleRow, TtftSplit
+from app.engine import BlockCounts, Engine, EvictionSample, KVEventStats, PromptTokenSources, WaitingReasons
 
 TTFT_WINDOW_S = 300.0  # answers whose time to first token the hit/miss medians are taken over
+RECENT_S = 60.0  # the customers' "last minute", as vLLM's recent hit rate
+HOUR_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -40,24 +45,36 @@ class CacheView:
     t: datetime
     num_blocks: int  # vLLM's KV-cache blocks, the null block included
     block_size: int
-    blocks_used: int  # held by running requests
-    blocks_cached: int  # in the prefix cache (reusable; a running request may hold some of them)
-    blocks_free: int  # not held by a request: empty, or cached and evictable
+    blocks_used: int  # held by running requests (vLLM's kv_cache_usage × usable blocks)
+    blocks: BlockCounts | None  # held + evictable + empty; None when KV-cache events are off
     kv_cache_usage: float  # 0-1, vLLM's kv_cache_usage
-    queries: int  # prompt tokens looked up since start
+    customers_recent: HitRate  # the customers' answers of the last RECENT_S
+    customers_hour: HitRate  # and of the last hour
+    queries: int  # vLLM: prompt tokens looked up since start, every request (warmups, demo, A/B)
     hits: int
-    hit_rate: float  # hits / queries since start
-    recent_hit_rate: float  # the same over vLLM stats of the last minute
+    hit_rate: float  # vLLM: hits / queries since start
+    recent_hit_rate: float  # vLLM: the same over its stats of the last minute
     running: int
     waiting: int
+    waiting_by_reason: WaitingReasons | None  # None: this vLLM does not report reasons
+    preemptions: int | None  # since start; None: not reported
+    prompt_tokens: PromptTokenSources | None  # since start; None: not reported
+    evictions: EvictionSample | None  # None unless PREFIXDESK_KV_CACHE_METRICS is on
     ttft: TtftSplit  # answers of the last TTFT_WINDOW_S
     memory: MemoryReading
     kv_events: KVEventStats | None  # None when KV-cache events are off
+
+    @property
+    def blocks_cached(self) -> int:
+        """Blocks in the prefix cache, held or not (0 when KV-cache events are off)."""
+        return self.blocks.cached if self.blocks else 0
 
 
 @dataclass(frozen=True)
 class TemplateResidency:
     name: str
+    version: int
+    candidate: bool  # the candidate of a live split (else the published version)
     parent: str
     pinned: bool
     internal: bool
@@ -67,34 +84,38 @@ class TemplateResidency:
 
 
 async def read_cache_view(*, engine: Engine, db: Database) -> CacheView:
-    """A reading of the cache now; the TTFT medians come from the stored answers."""
+    """A reading of the cache now; the customers' hit rate and TTFT medians come from the stored answers."""
     snap = engine.snapshot()
     usable = max(snap.num_blocks - 1, 0)  # vLLM keeps one null block out of use
-    blocks_used = round(snap.kv_cache_usage * usable)
     mirror = engine.residency
-    ttft = await db.read(db_metrics.ttft_split, since=utcnow() - timedelta(seconds=TTFT_WINDOW_S))
+    now = utcnow()
+    ttft = await db.read(db_metrics.ttft_split, since=now - timedelta(seconds=TTFT_WINDOW_S))
+    recent = await db.read(db_metrics.customer_hit_rate, since=now - timedelta(seconds=RECENT_S))
+    hour = await db.read(db_metrics.customer_hit_rate, since=now - timedelta(seconds=HOUR_S))
     memory = await asyncio.to_thread(read_memory, device=engine.info.device, kv_cache_bytes=engine.info.kv_cache_bytes)
     return CacheView(
-        t=utcnow(), num_blocks=snap.num_blocks, block_size=snap.block_size, blocks_used=blocks_used,
-        blocks_cached=mirror.num_cached_blocks() if mirror else 0, blocks_free=usable - blocks_used,
-        kv_cache_usage=snap.kv_cache_usage, queries=snap.queries, hits=snap.hits, hit_rate=snap.hit_rate,
-        recent_hit_rate=snap.recent_hit_rate, running=snap.running, waiting=snap.waiting, ttft=ttft,
-        memory=memory, kv_events=mirror.stats() if mirror else None,
+        t=now, num_blocks=snap.num_blocks, block_size=snap.block_size,
+        blocks_used=snap.blocks.held if snap.blocks else round(snap.kv_cache_usage * usable), blocks=snap.blocks,
+        kv_cache_usage=snap.kv_cache_usage, customers_recent=recent, customers_hour=hour, queries=snap.queries,
+        hits=snap.hits, hit_rate=snap.hit_rate, recent_hit_rate=snap.recent_hit_rate, running=snap.running,
+        waiting=snap.waiting, waiting_by_reason=snap.waiting_by_reason, preemptions=snap.preemptions,
+        prompt_tokens=snap.prompt_tokens, evictions=snap.evictions, ttft=ttft, memory=memory,
+        kv_events=mirror.stats() if mirror else None,
     )
 
 
 def template_residency(*, catalog: TemplateCatalog, engine: Engine) -> list[TemplateResidency]:
-    """Each published template's prefix blocks in the cache now (unsalted namespace); empty when
-    KV-cache events are off."""
+    """Each published template's (and live split candidate's) prefix blocks in the cache now, in the
+    customers' namespace; empty when KV-cache events are off."""
     mirror = engine.residency
     if mirror is None:
         return []
     result = []
-    for t in catalog.all():
-        prefix = catalog.prefix_ids(t.name)
-        match = mirror.match(prefix)
-        result.append(TemplateResidency(t.name, t.parent, t.pinned, t.internal, len(prefix), match.num_blocks,
-                                        match.resident_blocks))
+    for entry in catalog.entries():
+        t = entry.template
+        match = mirror.match(entry.prefix_ids)
+        result.append(TemplateResidency(t.name, t.version_number, entry.candidate, t.parent, t.pinned, t.internal,
+                                        len(entry.prefix_ids), match.num_blocks, match.resident_blocks))
     return result
 
 
@@ -103,7 +124,7 @@ def sample_of(view: CacheView) -> SampleRow:
     return SampleRow(t=view.t, recent_hit_rate=view.recent_hit_rate, kv_cache_usage=view.kv_cache_usage,
                      blocks_used=view.blocks_used, blocks_cached=view.blocks_cached, running=view.running,
                      waiting=view.waiting, ttft_hit_ms=view.ttft.hit_p50_ms, ttft_miss_ms=view.ttft.miss_p50_ms,
-                     memory_bytes=memory)
+                     memory_bytes=memory, customer_hit_rate=view.customers_recent.hit_rate)
 
 
 def read_memory(*, device: str, kv_cache_bytes: int) -> MemoryReading:

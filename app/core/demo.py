@@ -1,8 +1,13 @@
-"""The console's demo on the live engine: one question cold vs warm, and a short A/B of rounds.
+"""The console's demo on the live engine: cold vs warm, and a short A/B of rounds.
 
 Pure asyncio, no UI: the console's Demo tab (or a test, or a script) calls it on the app's own
-engine while the app serves. Cold vs warm asks in a cache namespace of its own; the A/B's arms send
-the same questions, the cold arm giving every request its own ``cache_salt`` so none can reuse a block.
+engine while the app serves. Cold vs warm asks one question in a cache namespace of its own, then a
+different question there, so the second request shares only the template with the first; its
+cached tokens are the template's full blocks. The A/B's arms send the same questions: the warm arm
+in a namespace whose prefix one request computed first, the cold arm giving every request its own
+``cache_salt`` so none can reuse a block. Every salt the console's demo uses starts with
+``DEMO_SALT_PREFIX``: its blocks never mix with the customers', and the cache page counts them apart.
+Nothing here is stored as a customer's answer.
 """
 
 from __future__ import annotations
@@ -12,11 +17,19 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
-from app.core.prompts import PromptBuilder, system_text
+from app.core.prompts import PromptBuilder, common_prefix_len, system_text
 from app.engine import Delta, Engine, RequestStats
+
+DEMO_SALT_PREFIX = "demo-"
+# A question for the cold run and a different one for the warm run, in a template's language: they differ
+# from their first character, so the two prompts share the template and the chat's user header, no more.
+DEMO_QUESTIONS = {
+    "zh": ("我昨天买的蓝牙耳机外壳有划痕，可以退货吗？", "请问价格保护怎么申请？"),
+    "en": ("My parcel has not arrived after ten days. What can I do?", "Can I return shoes I wore once?"),
+}
 
 # Customers' questions, as the article's users ask them: distinct, 20-40 tokens, about an order.
 PRODUCTS = ("蓝牙耳机", "智能手机", "羽绒服", "运动鞋", "电饭煲", "笔记本电脑", "洗面奶", "行李箱",
@@ -26,16 +39,36 @@ ISSUES = ("收到后发现外壳有划痕", "尺码偏小穿不上", "到现在�
            "用了两天就无法开机", "颜色和商品页图片不一样")
 ASKS = ("应该怎么处理", "可以退货吗", "运费由谁承担", "退款多久能到账", "需要提供什么材料",
          "能不能换一个新的", "可以申请价保吗", "能帮我催一下吗")
+EN_PRODUCTS = ("wireless earbuds", "smartphone", "down jacket", "pair of running shoes", "rice cooker", "laptop",
+               "face wash", "suitcase", "desk lamp", "box of building blocks", "mechanical keyboard", "air fryer",
+               "hiking backpack", "silk scarf", "robot vacuum", "travel mug")
+EN_ISSUES = ("the case arrived scratched", "it is a size too small", "it has not shipped yet",
+             "the tracking has not moved in three days", "the price dropped by 100 today", "I need a VAT invoice",
+             "the box arrived badly damaged", "the charger is missing", "it stopped turning on after two days",
+             "the colour differs from the photos")
+EN_ASKS = ("what should I do", "can I return it", "who pays the shipping", "when will my refund arrive",
+           "what documents do you need", "can I get a new one", "can I claim price protection",
+           "can you chase it for me")
 
 
-def customer_questions(n: int, *, seed: int = 0) -> list[str]:
-    """``n`` distinct customer questions of 20-40 tokens (Qwen tokenizer), like the article's users."""
+def demo_questions(language: str) -> tuple[str, str]:
+    """The cold run's and the warm run's default questions for a template in ``language`` (zh or en)."""
+    return DEMO_QUESTIONS.get(language, DEMO_QUESTIONS["zh"])
+
+
+def customer_questions(n: int, *, seed: int = 0, language: str = "zh") -> list[str]:
+    """``n`` distinct customer questions of 20-40 tokens (Qwen tokenizer), like the article's users, in
+    Chinese or (``language="en"``) English."""
     rng = random.Random(seed)
     out: list[str] = []
     seen: set[str] = set()
     while len(out) < n:
-        q = (f"你好，我{rng.randint(1, 29)}天前买的{rng.choice(PRODUCTS)}（订单尾号{rng.randint(0, 9999):04d}）"
-             f"{rng.choice(ISSUES)}，请问{rng.choice(ASKS)}？")
+        if language == "en":
+            q = (f"Hi, I bought a {rng.choice(EN_PRODUCTS)} {rng.randint(2, 29)} days ago (order ending "
+                 f"{rng.randint(0, 9999):04d}) and {rng.choice(EN_ISSUES)}; {rng.choice(EN_ASKS)}?")
+        else:
+            q = (f"你好，我{rng.randint(1, 29)}天前买的{rng.choice(PRODUCTS)}（订单尾号{rng.randint(0, 9999):04d}）"
+                 f"{rng.choice(ISSUES)}，请问{rng.choice(ASKS)}？")
         if q not in seen:
             seen.add(q)
             out.append(q)
@@ -80,10 +113,12 @@ class ABResult:
 
 
 async def run_ab(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], n_requests: int = 8, *,
-                 concurrency: int = 4, max_tokens: int = 16, questions: Sequence[str] | None = None) -> ABResult:
+                 concurrency: int = 4, max_tokens: int = 16, questions: Sequence[str] | None = None,
+                 warm_salt: str | None = None, salt_prefix: str = "ab-") -> ABResult:
     """Run ``n_requests`` questions twice on ``engine``: prefix warm (A), then each with a fresh salt (B).
 
-    The warm arm first computes the prefix with one 1-token request. Both arms run ``concurrency``
+    The warm arm first computes the prefix with one 1-token request, in the namespace ``warm_salt``
+    (None: the customers' own). Cold salts start with ``salt_prefix``. Both arms run ``concurrency``
     requests at a time and ignore EOS, so every answer is ``max_tokens`` long. Raises ValueError for
     fewer than one request, and the engine's own errors (EngineBusy, EngineError) as they come.
     """
@@ -95,9 +130,10 @@ async def run_ab(engine: Engine, prompts: PromptBuilder, template_chain: Sequenc
         raise ValueError(f"run_ab got {len(qs)} questions for {n_requests} requests")
     token_ids = [prompts.build(system, [], q).token_ids for q in qs[:n_requests]]
     warm_up = prompts.build(system, [], "你好")
-    await _one(engine, warm_up.token_ids, 1, None)
-    warm = await _arm(engine, token_ids, max_tokens, concurrency, salted=False)
-    cold = await _arm(engine, token_ids, max_tokens, concurrency, salted=True)
+    await _one(engine, warm_up.token_ids, 1, warm_salt)
+    warm = await _arm(engine, token_ids, max_tokens, concurrency, salt=lambda i: warm_salt)
+    run_id = uuid.uuid4().hex[:12]
+    cold = await _arm(engine, token_ids, max_tokens, concurrency, salt=lambda i: f"{salt_prefix}{run_id}-{i}")
     return ABResult(prefix_tokens=warm_up.prefix_tokens, warm=warm, cold=cold)
 
 
@@ -129,46 +165,103 @@ class ABRounds:
         return tuple(ms for r in self.rounds for ms in r.cold.ttft_ms)
 
 
-async def run_ab_rounds(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], *, rounds: int = 5,
-                        per_round: int = 4, concurrency: int = 1, max_tokens: int = 16) -> ABRounds:
-    """``rounds`` A/B runs of ``per_round`` requests per arm, each round with other questions.
+async def ab_rounds(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], *, rounds: int = 5,
+                    per_round: int = 4, concurrency: int = 1, max_tokens: int = 16,
+                    language: str = "zh") -> AsyncIterator[ABRounds]:
+    """``rounds`` A/B runs of ``per_round`` requests per arm, each round with other questions (in
+    ``language``), in the demo's own namespaces; yields the rounds so far after each round.
 
     One request at a time by default: a first-token time is then the engine's, not a queue's, and
     the median over rounds moves little from run to run.
     """
-    questions = customer_questions(rounds * per_round, seed=11)
-    done = []
+    questions = customer_questions(rounds * per_round, seed=11, language=language)
+    done: list[ABResult] = []
+    run_id = uuid.uuid4().hex[:8]
     for r in range(rounds):
         qs = questions[r * per_round:(r + 1) * per_round]
         done.append(await run_ab(engine, prompts, template_chain, per_round, concurrency=concurrency,
-                                 max_tokens=max_tokens, questions=qs))
-    return ABRounds(tuple(done))
+                                 max_tokens=max_tokens, questions=qs, warm_salt=f"{DEMO_SALT_PREFIX}ab-{run_id}-{r}",
+                                 salt_prefix=f"{DEMO_SALT_PREFIX}ab-{run_id}-{r}-cold-"))
+        yield ABRounds(tuple(done))
+
+
+async def run_ab_rounds(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], *, rounds: int = 5,
+                        per_round: int = 4, concurrency: int = 1, max_tokens: int = 16,
+                        language: str = "zh") -> ABRounds:
+    """``ab_rounds`` to its end: every round."""
+    last = ABRounds(())
+    async for last in ab_rounds(engine, prompts, template_chain, rounds=rounds, per_round=per_round,
+                                concurrency=concurrency, max_tokens=max_tokens, language=language):
+        pass
+    return last
+
+
+@dataclass(frozen=True)
+class Asked:
+    question: str
+    text: str
+    stats: RequestStats
 
 
 @dataclass(frozen=True)
 class ColdWarm:
-    """One question asked twice in a fresh cache namespace: first everything is computed, then reused."""
+    """Two questions in a fresh cache namespace: the first computes everything, the second reuses the template."""
 
-    question: str
-    cold: RequestStats
-    warm: RequestStats
-    cold_text: str
-    warm_text: str
+    prefix_tokens: int  # the template's system segment
+    shared_tokens: int  # leading tokens the two prompts have in common: all the warm run can reuse
+    block_size: int
+    cold: Asked
+    warm: Asked | None  # None while the warm question is still being asked
+
+    @property
+    def prefix_blocks(self) -> int:
+        """Full KV blocks of the template: the warm run's cached tokens, when only the template is shared."""
+        return self.prefix_tokens // self.block_size
+
+    @property
+    def shared_blocks(self) -> int:
+        return self.shared_tokens // self.block_size
 
     @property
     def speedup(self) -> float:
-        return self.cold.ttft_ms / self.warm.ttft_ms if self.warm.ttft_ms else 0.0
+        if self.warm is None or not self.warm.stats.ttft_ms:
+            return 0.0
+        return self.cold.stats.ttft_ms / self.warm.stats.ttft_ms
 
 
-async def cold_vs_warm(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], question: str, *,
-                       max_tokens: int = 64) -> ColdWarm:
-    """Ask ``question`` in a namespace of its own (a fresh ``cache_salt``: a reset for these two requests
-    alone, so other customers keep their cache), then ask it again there."""
-    ids = prompts.build(system_text(template_chain), [], question).token_ids
-    salt = f"demo-{uuid.uuid4().hex}"
-    cold_text, cold = await _answer(engine, ids, max_tokens, salt)
-    warm_text, warm = await _answer(engine, ids, max_tokens, salt)
-    return ColdWarm(question, cold, warm, cold_text, warm_text)
+class SameQuestion(ValueError):
+    """The warm run must ask another question than the cold one, or it would reuse the question too."""
+
+
+async def cold_then_warm(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], cold_question: str,
+                         warm_question: str, *, max_tokens: int = 64) -> AsyncIterator[ColdWarm]:
+    """Ask ``cold_question`` in a namespace of its own (a fresh ``cache_salt``: a reset for these requests
+    alone, so customers keep their cache), then ``warm_question`` there; yields after each answer.
+    Raises SameQuestion when the two are the same."""
+    if cold_question.strip() == warm_question.strip():
+        raise SameQuestion("Ask the warm run a different question, so that only the template is shared.")
+    system = system_text(template_chain)
+    cold_prompt = prompts.build(system, [], cold_question)
+    warm_ids = prompts.build(system, [], warm_question).token_ids
+    salt = f"{DEMO_SALT_PREFIX}{uuid.uuid4().hex}"
+    shared = common_prefix_len(cold_prompt.token_ids, warm_ids)
+    text, stats = await _answer(engine, cold_prompt.token_ids, max_tokens, salt)
+    cold = Asked(cold_question, text, stats)
+    done = ColdWarm(cold_prompt.prefix_tokens, shared, engine.info.block_size, cold, None)
+    yield done
+    text, stats = await _answer(engine, warm_ids, max_tokens, salt)
+    yield ColdWarm(done.prefix_tokens, shared, done.block_size, cold, Asked(warm_question, text, stats))
+
+
+async def cold_vs_warm(engine: Engine, prompts: PromptBuilder, template_chain: Sequence[str], cold_question: str,
+                       warm_question: str, *, max_tokens: int = 64) -> ColdWarm:
+    """``cold_then_warm`` to its end: both answers."""
+    last = None
+    async for last in cold_then_warm(engine, prompts, template_chain, cold_question, warm_question,
+                                     max_tokens=max_tokens):
+        pass
+    assert last is not None and last.warm is not None
+    return last
 
 
 async def _answer(engine: Engine, token_ids: list[int], max_tokens: int, salt: str) -> tuple[str, RequestStats]:
@@ -184,14 +277,13 @@ async def _answer(engine: Engine, token_ids: list[int], max_tokens: int, salt: s
 
 
 async def _arm(engine: Engine, token_ids: list[list[int]], max_tokens: int, concurrency: int,
-               salted: bool) -> ArmResult:
-    run_id = uuid.uuid4().hex[:12]
+               salt: Callable[[int], str | None]) -> ArmResult:
     gate = asyncio.Semaphore(concurrency)
     started = time.perf_counter()
 
     async def limited(i: int) -> tuple[float, RequestStats]:
         async with gate:
-            return await _one(engine, token_ids[i], max_tokens, f"ab-{run_id}-{i}" if salted else None)
+            return await _one(engine, token_ids[i], max_tokens, salt(i))
 
     results = await asyncio.gather(*(limited(i) for i in range(len(token_ids))))
     wall = time.perf_counter() - started

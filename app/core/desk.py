@@ -5,6 +5,10 @@ assemble the prompt (template chain + history) → stream from the engine → st
 its stats. The user's message is stored before generation starts, and the answer row is always
 finished — ok, stopped or error — so nothing is lost, whatever happens to the request. Database
 calls and long tokenizing run off the event loop that streams every user's tokens.
+
+A conversation stays on the template version it started with; a new one gets the candidate of a
+live split for the candidate's share of conversations. While a person answers a conversation, the
+model does not: the customer's message is stored and the desk says who has it.
 """
 
 from __future__ import annotations
@@ -17,15 +21,17 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
-from app.core.catalog import TemplateCatalog, TemplateNotFound
+from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
 from app.core.limits import ClientLimiter, RateLimited
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.routing import routing_key
 from app.core.session_keys import MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
 from app.db import conversations as db_conversations
+from app.db.models import utcnow
 from app.db.rows import AnswerResult, ConversationRow, MessageRow, TemplateInfo, TurnIds
 from app.engine import Delta, Engine, EngineBusy, EngineError, EngineRejected, RequestStats
 
@@ -37,6 +43,8 @@ MAX_HISTORY_CHARS = 200_000
 INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (2,000: 1.4 ms): on the loop
 STOPPED = "stopped before the answer was complete"
 PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
+WITH_PERSON = "with_person"  # the status of a turn a person answers (no answer row is stored for it)
+PERSON_NOTICE = "A person is answering this conversation; their reply will appear here."
 
 
 class DeskInputError(ValueError):
@@ -63,16 +71,23 @@ class Progress:
 @dataclass(frozen=True)
 class Finished:
     """The stored answer row (status ok, stopped or error), the same row as the customer may see it
-    (app/core/cache_figures.py), and how the prompt was fitted."""
+    (app/core/cache_figures.py), and how the prompt was fitted.
+
+    When a person answers the conversation (``handoff`` "waiting" or "person") nothing was generated:
+    ``message`` is then no stored row but a notice of status WITH_PERSON whose id is the customer's
+    stored question, the id to poll ``messages_after`` from.
+    """
 
     message: MessageRow
     customer: MessageRow
     dropped_turns: int = 0
+    handoff: str = ""
 
 
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
-                 limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False):
+                 limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
+                 step_delay_ms: int = 0):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -81,6 +96,7 @@ class Desk:
         self._tenant_secret = tenant_secret
         self.family_shards = family_shards
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
+        self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -168,17 +184,25 @@ class Desk:
             history = check_history(history)
         template = self.customer_template(template_name)
         if conversation_id is not None:
-            owner = await self._read(db_conversations.owner, conversation_id=conversation_id)
-            if owner != session_key:
+            state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
+            if state is None or state.session_key != session_key:
                 raise DeskInputError("That conversation does not exist here; please start a new one.")
+            template = await self._on_version(template, state.template_version_id)
             if history is None:
                 history = await self._stored_turns(conversation_id)
+        # A new conversation's arm of a live split is drawn from its id, in the transaction that creates it.
+        arm = partial(split_version, template) if conversation_id is None and template.candidate_version_id else None
         try:
             turn = await self.db.write(
                 db_conversations.begin_turn, session_key=session_key, conversation_id=conversation_id,
-                template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant)
+                template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant,
+                arm=arm)
         except StoreError as exc:
             raise DeskInputError(f"Your message could not be saved, so it was not sent: {exc}.") from None
+        if turn.answer_id is None:
+            yield _with_person(turn.conversation_id, turn.user_message_id, turn.template_version_id, turn.handoff)
+            return
+        template = await self._on_version(template, turn.template_version_id)
         async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
                                           max_tokens=max_tokens, ignore_eos=ignore_eos):
             yield event
@@ -191,9 +215,14 @@ class Desk:
             raise DeskInputError("That conversation does not exist here; please start a new one.")
         template = self.customer_template(template_name)
         self._check_rate(client)
+        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
+        template = await self._on_version(template, state.template_version_id if state else None)
         try:
             turn = await self.db.write(db_conversations.begin_retry, session_key=session_key,
                                        conversation_id=conversation_id, template_version_id=template.version_id)
+        except db_conversations.WithPerson as exc:
+            yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
+            return
         except LookupError as exc:
             raise DeskInputError(str(exc)) from None
         except StoreError as exc:
@@ -216,6 +245,14 @@ class Desk:
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
 
+    async def messages_after(self, *, session_key: str, conversation_id: int, after_id: int) -> list[MessageRow]:
+        """This browser's conversation's finished messages after ``after_id`` (a person's replies, polled)."""
+        try:
+            return await self._read(db_conversations.messages_after, session_key=session_key,
+                                    conversation_id=conversation_id, after_id=after_id)
+        except db_conversations.NotYours as exc:
+            raise DeskInputError(str(exc)) from None
+
     # -- internals ---------------------------------------------------------------------------
 
     async def _generate(self, turn: TurnIds, template: TemplateInfo, history: Sequence[Turn], message: str, *,
@@ -234,7 +271,8 @@ class Desk:
                 # request in the engine instead of leaving it to the garbage collector.
                 async with contextlib.aclosing(self.engine.stream(
                         prompt.token_ids, max_tokens=budget, cache_salt=self.tenant_salt(tenant),
-                        ignore_eos=ignore_eos or self.ignore_eos, routing_key=key)) as stream:
+                        ignore_eos=ignore_eos or self.ignore_eos, routing_key=key,
+                        step_delay_ms=self.step_delay_ms)) as stream:
                     shown_at = 0.0
                     async for event in stream:
                         if isinstance(event, Delta):
@@ -268,6 +306,12 @@ class Desk:
         yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
                        dropped)
 
+    async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
+        """``template`` at a conversation's own version (None: the published one)."""
+        if version_id is None or version_id == template.version_id:
+            return template
+        return await self.catalog.version(template, version_id)
+
     def _check_rate(self, client: str) -> None:
         try:
             self.limiter.check_rate(client)
@@ -293,6 +337,14 @@ class Desk:
         except StoreError:
             log.exception("could not store answer %s (%s)", answer_id, result.status)
             raise
+
+
+def _with_person(conversation_id: int, message_id: int, version_id: int | None, handoff: str) -> Finished:
+    notice = MessageRow(id=message_id, conversation_id=conversation_id, role="assistant", text="", status=WITH_PERSON,
+                        error=PERSON_NOTICE, template_version_id=version_id, prompt_tokens=None,
+                        num_cached_tokens=None, ttft_ms=None, output_tokens=None, decode_tokens_per_s=None,
+                        replica=None, created_at=utcnow())
+    return Finished(notice, notice, handoff=handoff)
 
 
 def check_history(history: Sequence[Turn]) -> list[Turn]:
@@ -329,6 +381,6 @@ def _result(text: str, status: str, error: str | None, stats: RequestStats) -> A
         text=text, status=status, error=error, prompt_tokens=stats.prompt_tokens,
         num_cached_tokens=stats.num_cached_tokens, ttft_ms=round(stats.ttft_ms, 1),
         output_tokens=stats.output_tokens, decode_tokens_per_s=round(stats.decode_tokens_per_s, 1),
-        replica=stats.replica or None,
+        replica=stats.replica or None, finish_reason=stats.finish_reason,
     )
 

@@ -5,16 +5,17 @@ never sends right after a system prompt), one output token. vLLM then holds the 
 blocks. Warmup (console, publish, start-up) and keep-warm (pinned templates, every few seconds)
 both call it, so they put the very same blocks in the cache. ``warm`` touches twice: the second
 touch measures what the first left cached. A family split over several replicas is touched on
-each of its shards.
+each of its shards. ``warm_all`` warms every published template and every live split's candidate.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from app.core.catalog import TemplateCatalog
 from app.core.routing import family_keys
 from app.db.rows import TemplateInfo
 from app.engine import Engine, RequestStats
@@ -27,6 +28,8 @@ class WarmupResult:
     num_cached_tokens: int  # of the prefix, cached after warming (what the next request reuses)
     was_cached_tokens: int  # already cached before warming
     elapsed_ms: float  # the warming request, start to end
+    version: int = 0  # the version warmed
+    candidate: bool = False  # a live split's candidate (else the published version)
 
 
 async def touch(engine: Engine, prefix_ids: Sequence[int], *, probe_id: int, key: str) -> RequestStats:
@@ -52,7 +55,18 @@ async def warm(engine: Engine, template: TemplateInfo, prefix_ids: Sequence[int]
     assert first is not None and second is not None
     return WarmupResult(template=template.name, num_prefix_tokens=len(prefix_ids),
                         num_cached_tokens=second.num_cached_tokens, was_cached_tokens=first.num_cached_tokens,
-                        elapsed_ms=round((time.perf_counter() - started) * 1000, 1))
+                        elapsed_ms=round((time.perf_counter() - started) * 1000, 1),
+                        version=template.version_number,
+                        candidate=template.candidate_version_id == template.version_id)
+
+
+async def warm_all(engine: Engine, catalog: TemplateCatalog, *, probe_id: int, shards: int = 1,
+                   name: str | None = None) -> AsyncIterator[WarmupResult]:
+    """Warm every published template and live-split candidate (only ``name``'s when given), pinned ones
+    first; yields each result as it is done."""
+    entries = [e for e in catalog.entries() if name is None or e.template.name == name]
+    for entry in sorted(entries, key=lambda e: not e.template.pinned):
+        yield await warm(engine, entry.template, entry.prefix_ids, probe_id=probe_id, shards=shards)
 
 
 def probe_token(tokenizer) -> int:

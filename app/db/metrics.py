@@ -1,4 +1,6 @@
-"""The numbers the console plots and tabulates: cache samples, TTFT of hits and misses, per-template reuse."""
+"""The numbers the console plots and tabulates: cache samples, TTFT of hits and misses, per-template reuse,
+and the customers' own hit rate. Only customers' answers are stored (the demo, the A/B and warmups
+never are), so every number here is the customers' — unlike vLLM's counters, which count every request."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import CacheSample, Message, Template, TemplateVersion
-from app.db.rows import SampleRow, TtftSplit
+from app.db.rows import HitRate, SampleRow, TtftSplit
 
 
 def add_sample(s: Session, *, sample: SampleRow) -> None:
@@ -17,7 +19,7 @@ def add_sample(s: Session, *, sample: SampleRow) -> None:
         t=sample.t, recent_hit_rate=sample.recent_hit_rate, kv_cache_usage=sample.kv_cache_usage,
         blocks_used=sample.blocks_used, blocks_cached=sample.blocks_cached, running=sample.running,
         waiting=sample.waiting, ttft_hit_ms=sample.ttft_hit_ms, ttft_miss_ms=sample.ttft_miss_ms,
-        memory_bytes=sample.memory_bytes,
+        memory_bytes=sample.memory_bytes, customer_hit_rate=sample.customer_hit_rate,
     ))
 
 
@@ -25,7 +27,7 @@ def samples_since(s: Session, *, since: datetime) -> list[SampleRow]:
     """Stored readings from ``since`` on, oldest first."""
     rows = s.scalars(select(CacheSample).where(CacheSample.t >= since).order_by(CacheSample.t)).all()
     return [SampleRow(r.t, r.recent_hit_rate, r.kv_cache_usage, r.blocks_used, r.blocks_cached, r.running,
-                      r.waiting, r.ttft_hit_ms, r.ttft_miss_ms, r.memory_bytes) for r in rows]
+                      r.waiting, r.ttft_hit_ms, r.ttft_miss_ms, r.memory_bytes, r.customer_hit_rate) for r in rows]
 
 
 def prune_samples(s: Session, *, older_than: datetime) -> int:
@@ -42,6 +44,16 @@ def ttft_split(s: Session, *, since: datetime) -> TtftSplit:
     misses = [t for t, cached in rows if not cached]
     return TtftSplit(statistics.median(hits) if hits else None, statistics.median(misses) if misses else None,
                      len(hits), len(misses))
+
+
+def customer_hit_rate(s: Session, *, since: datetime) -> HitRate:
+    """Cached over prompt tokens of the model's answers to customers finished since ``since``."""
+    n, prompt, cached = s.execute(
+        select(func.count(Message.id), func.sum(Message.prompt_tokens), func.sum(Message.num_cached_tokens))
+        .where(Message.role == "assistant", Message.author == "", Message.prompt_tokens.is_not(None),
+               Message.finished_at >= since)
+    ).one()
+    return HitRate(int(n or 0), int(prompt or 0), int(cached or 0))
 
 
 def template_usage(s: Session) -> dict[str, tuple[int, int, int]]:

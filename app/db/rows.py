@@ -20,6 +20,18 @@ class TemplateInfo:
     version_number: int
     chain: tuple[str, ...]  # texts from the root ancestor down to this template
     family: str  # the root ancestor's name: parents and children share it (and their KV blocks)
+    # A live split: new conversations get the candidate version with probability candidate_share.
+    candidate_version_id: int | None = None
+    candidate_share: float = 0.0  # 0-1
+
+
+@dataclass(frozen=True)
+class ConversationState:
+    """Who owns a conversation, who answers it, and the template version it stays on."""
+
+    session_key: str
+    handoff: str  # "" the model answers, "waiting" for a person, "person" an operator holds it
+    template_version_id: int | None  # None for conversations older than the column: the published version
 
 
 @dataclass(frozen=True)
@@ -28,7 +40,9 @@ class TurnIds:
 
     conversation_id: int
     user_message_id: int
-    answer_id: int
+    answer_id: int | None  # None when a person answers this conversation: no answer row was written
+    template_version_id: int | None = None  # the version the turn is answered with
+    handoff: str = ""  # the conversation's hand-off state when the turn was stored
 
 
 @dataclass(frozen=True)
@@ -47,6 +61,16 @@ class MessageRow:
     decode_tokens_per_s: float | None
     replica: str | None
     created_at: datetime
+    finish_reason: str | None = None  # stop, length (cut off at the budget) or abort
+    author: str = ""  # "" the model or the customer; the operator's name when a person wrote it
+    first_visible_ms: float | None = None  # as the customer's browser measured it
+    rating: int | None = None  # the customer's thumbs: +1, -1, or None
+    rating_reason: str = ""
+
+    @property
+    def cut_off(self) -> bool:
+        """The answer ended at its token budget, not where the model meant to stop."""
+        return self.status == "ok" and self.finish_reason == "length"
 
 
 @dataclass(frozen=True)
@@ -65,6 +89,8 @@ class ConversationRow:
     template: str
     created_at: datetime
     num_messages: int
+    handoff: str = ""  # "" with the model, "waiting" for a person, "person" with an operator
+    template_version_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +104,7 @@ class AnswerResult:
     output_tokens: int | None = None
     decode_tokens_per_s: float | None = None
     replica: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,6 +186,20 @@ class SampleRow:
     ttft_hit_ms: float | None
     ttft_miss_ms: float | None
     memory_bytes: int
+    customer_hit_rate: float | None = None  # over customers' answers of the last minute; None: there were none
+
+
+@dataclass(frozen=True)
+class HitRate:
+    """Cached over prompt tokens of customers' stored answers (demo, A/B and warmups are never stored)."""
+
+    num_answers: int
+    prompt_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.num_cached_tokens / self.prompt_tokens if self.prompt_tokens else None
 
 
 @dataclass(frozen=True)
@@ -182,3 +223,102 @@ class ConsoleSession:
     operator: str
     created_at: datetime
     expires_at: datetime
+
+
+# -- the operator's review (app/db/review.py) ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ReviewFilter:
+    """Which conversations an operator looks at; empty fields match everything."""
+
+    text: str = ""  # in a message or the title
+    template: str = ""
+    version: int | None = None  # the template version the conversation is on
+    rating: str = ""  # "up", "down" (an answer rated so), "unrated"
+    status: str = ""  # "ok", "stopped", "error" (an answer ended so), "waiting", "person" (the hand-off)
+    tenant: str | None = None  # None: every tenant; "" conversations without one
+
+
+@dataclass(frozen=True)
+class ReviewRow:
+    """One conversation in the operator's list."""
+
+    id: int
+    created_at: datetime
+    last_at: datetime  # its newest message
+    title: str
+    template: str
+    version: int | None  # the version number it is on; None before versions were kept per conversation
+    tenant: str
+    handoff: str  # "", "waiting", "person"
+    handoff_requested_at: datetime | None
+    handoff_operator: str
+    num_messages: int
+    status: str  # its answers' worst end: "error", "stopped", "generating", "ok"; "" before the first answer
+    ups: int
+    downs: int
+    deleted: bool  # the customer took it off their list
+
+
+@dataclass(frozen=True)
+class ReviewPage:
+    rows: tuple[ReviewRow, ...]
+    total: int  # conversations matching the filter
+    page: int  # from 1
+    page_size: int
+
+    @property
+    def num_pages(self) -> int:
+        return max(1, -(-self.total // self.page_size))
+
+
+@dataclass(frozen=True)
+class Transcript:
+    conversation: ReviewRow
+    messages: tuple[MessageRow, ...]  # as the customer saw them (answers replaced by a retry left out)
+
+
+@dataclass(frozen=True)
+class VersionStats:
+    """How a template version's answers went, as customers felt them (model answers only)."""
+
+    number: int
+    version_id: int
+    published: bool
+    candidate: bool
+    num_conversations: int
+    num_answers: int
+    ups: int
+    downs: int
+    stopped: int
+    errors: int
+    first_visible_p50_ms: float | None  # Enter to the first glyph on the customer's screen
+    ttft_p50_ms: float | None  # the engine's first token
+    prompt_tokens: int
+    num_cached_tokens: int
+
+    @property
+    def num_rated(self) -> int:
+        return self.ups + self.downs
+
+    @property
+    def up_share(self) -> float | None:
+        return self.ups / self.num_rated if self.num_rated else None
+
+    @property
+    def cached_share(self) -> float | None:
+        return self.num_cached_tokens / self.prompt_tokens if self.prompt_tokens else None
+
+
+@dataclass(frozen=True)
+class SplitView:
+    """A template's live split, if any, and its versions judged side by side."""
+
+    template: str
+    published: int | None
+    candidate: int | None
+    share: float  # of new conversations the candidate gets
+    since: datetime | None  # when the split started; its arms count conversations from then on
+    versions: tuple[VersionStats, ...]  # every version, newest first, over all their answers
+    arms: tuple[VersionStats, ...]  # published then candidate, over conversations since the split began

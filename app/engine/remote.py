@@ -16,13 +16,14 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from urllib.parse import quote
 
 from app.engine.replicas import ClusterResidency, Replicas, replica_urls
-from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
-                              EngineStartError, Health, ReplicaView, RequestStats)
+from app.engine.blocks import block_counts
+from app.engine.types import (STEP_DELAY_ARG, BlockCounts, CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo,
+                              EngineRejected, EngineStartError, Health, ReplicaView, RequestStats)
 from app.settings import Settings, kv_event_sources
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class _Call:
 
     response: object | None = None
     aborted: bool = False
+    token_ids: list[int] = field(default_factory=list)  # the prompt: the blocks it holds on its replica
+    cache_salt: str | None = None
+    replica: str = ""  # known once the response names it
 
 
 class RemoteEngine:
@@ -116,6 +120,7 @@ class RemoteEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
+        step_delay_ms: int = 0,
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 
@@ -136,9 +141,11 @@ class RemoteEngine:
             body["cache_salt"] = cache_salt
         if request_id:
             body["request_id"] = request_id
+        if step_delay_ms:  # honoured by replicas the launcher started with PREFIXDESK_ENGINE_STEP_DELAYS (tests)
+            body["vllm_xargs"] = {STEP_DELAY_ARG: step_delay_ms}
         # Header values are ASCII; template families are often Chinese, so the key is percent-encoded.
         headers = {ROUTING_HEADER: quote(routing_key, safe=":")} if routing_key else {}
-        call_id, call = next(self._ids), _Call()
+        call_id, call = next(self._ids), _Call(token_ids=body["prompt"], cache_salt=cache_salt)
         self._active[call_id] = call
         started = time.perf_counter()
         first = last = None
@@ -148,7 +155,7 @@ class RemoteEngine:
         try:
             async with self._open(body, headers) as response:
                 call.response = response
-                replica = self._replicas.url_for(response.headers.get(REPLICA_HEADER, ""))
+                replica = call.replica = self._replicas.url_for(response.headers.get(REPLICA_HEADER, ""))
                 lines = response.aiter_lines()
                 async for line in lines:
                     if not line.startswith("data: "):
@@ -220,11 +227,26 @@ class RemoteEngine:
     # -- watching ----------------------------------------------------------------------------
 
     def replicas(self) -> tuple[ReplicaView, ...]:
-        """Every replica as of its latest scrape (about once a second)."""
-        return self._replicas.views()
+        """Every replica as of its latest scrape (about once a second), with its blocks split where it
+        publishes KV events (the prompts running on it count as held; their answers' blocks are not known here)."""
+        running: dict[str, list] = {}
+        for call in list(self._active.values()):
+            if call.replica:
+                running.setdefault(call.replica, []).append((call.token_ids, call.cache_salt))
+        return tuple(
+            replace(v, blocks=block_counts(num_blocks=v.num_blocks, kv_cache_usage=v.kv_cache_usage,
+                                           residency=v.mirror, running=running.get(v.url, ())))
+            if v.mirror is not None and v.up and v.num_blocks else v
+            for v in self._replicas.views())
 
     def snapshot(self) -> CacheSnapshot:
-        return self._replicas.snapshot(resets=self._resets)
+        snap = self._replicas.snapshot(resets=self._resets)
+        views = [v for v in self.replicas() if v.up]
+        if not views or any(v.blocks is None for v in views):
+            return snap
+        parts = [v.blocks for v in views]
+        return replace(snap, blocks=BlockCounts(*(sum(getattr(b, f) for b in parts)
+                                                  for f in ("usable", "held", "held_cached", "evictable"))))
 
     def reset_max_running_seen(self) -> None:
         self._replicas.reset_max_running_seen()

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 
 from app.engine.monitor import HIT_RATE_WINDOW_S
 from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
-from app.engine.types import CacheSnapshot, ReplicaView
+from app.engine.types import CacheSnapshot, EvictionSample, PromptTokenSources, ReplicaView, WaitingReasons
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ class ReplicaMetrics:
     block_size: int  # vllm:cache_config_info{block_size}; 0 when the replica does not say
     num_blocks: int  # vllm:cache_config_info{num_gpu_blocks}
     kv_cache_bytes: int  # vllm:cache_config_info{kv_cache_memory_bytes}; 0 when sized from GPU memory
+    # None where the replica's vLLM exports no such series (older releases; evictions without --kv-cache-metrics)
+    prompt_tokens: PromptTokenSources | None = None  # vllm:prompt_tokens_by_source, vllm:prompt_tokens_cached
+    preemptions: int | None = None  # vllm:num_preemptions
+    waiting_by_reason: WaitingReasons | None = None  # vllm:num_requests_waiting_by_reason
+    evictions: EvictionSample | None = None  # vllm:kv_block_lifetime_seconds, vllm:kv_block_idle_before_evict_seconds
 
 
 class Replicas:
@@ -136,6 +141,8 @@ class Replicas:
         """All replicas together: the state of those up, the hit counters of all since this app started."""
         views = self.views()
         up = [v for v in views if v.up]
+        scraped = [(u, m) for u in self.urls if (m := self.metrics(u)) is not None]
+        latest = [m for _, m in scraped]
         with self._lock:
             blocks = sum(v.num_blocks for v in views)
             return CacheSnapshot(
@@ -151,6 +158,11 @@ class Replicas:
                 recent_hits=sum(h for _, _, h in self._window),
                 resets=resets,
                 max_running_seen=self._max_running_seen,
+                # Counters since each replica started (a restarted one counts from zero again).
+                prompt_tokens=_sum_sources([m.prompt_tokens for m in latest]),
+                preemptions=_sum_optional([m.preemptions for m in latest]),
+                waiting_by_reason=_sum_reasons([m.waiting_by_reason for u, m in scraped if not self._reasons[u]]),
+                evictions=_merge_evictions([m.evictions for m in latest]),
             )
 
     def reset_max_running_seen(self) -> None:
@@ -203,20 +215,26 @@ def replica_urls(base_url: str, configured: str = "") -> list[str]:
 
 
 def parse_metrics(text: str) -> ReplicaMetrics:
-    """vLLM's Prometheus text format: the numbers a ``ReplicaView`` shows (absent ones are 0)."""
+    """vLLM's Prometheus text format: the numbers a ``ReplicaView`` shows (absent counters are 0, absent
+    optional series None)."""
     values: dict[str, float] = collections.defaultdict(float)
+    by_label: dict[tuple[str, str], float] = collections.defaultdict(float)  # (name, source or reason) -> value
     config: dict[str, str] = {}
     for line in text.splitlines():
         if not line.startswith("vllm:"):
             continue
         series, _, value = line.rpartition(" ")
         name, _, labels = series.partition("{")
+        label_values = _labels(labels.rstrip("}"))
         if name == "vllm:cache_config_info":
-            config = _labels(labels.rstrip("}"))
+            config = label_values
         try:
-            values[name] += float(value)  # summed over labels (several engines of one replica)
+            number = float(value)
         except ValueError:
             continue
+        values[name] += number  # summed over labels (several engines of one replica)
+        if kind := label_values.get("source") or label_values.get("reason"):
+            by_label[name, kind] += number
     return ReplicaMetrics(
         running=int(values["vllm:num_requests_running"]),
         waiting=int(values["vllm:num_requests_waiting"]),
@@ -229,6 +247,18 @@ def parse_metrics(text: str) -> ReplicaMetrics:
         block_size=_int(config.get("block_size")),
         num_blocks=_int(config.get("num_gpu_blocks")),
         kv_cache_bytes=_int(config.get("kv_cache_memory_bytes")),
+        prompt_tokens=PromptTokenSources(
+            computed=int(by_label["vllm:prompt_tokens_by_source_total", "local_compute"]),
+            local_cache_hit=int(by_label["vllm:prompt_tokens_by_source_total", "local_cache_hit"]),
+            external_kv_transfer=int(by_label["vllm:prompt_tokens_by_source_total", "external_kv_transfer"]),
+            cached=int(values["vllm:prompt_tokens_cached_total"]),
+        ) if "vllm:prompt_tokens_by_source_total" in values else None,
+        preemptions=int(values["vllm:num_preemptions_total"]) if "vllm:num_preemptions_total" in values else None,
+        waiting_by_reason=WaitingReasons(
+            capacity=int(by_label["vllm:num_requests_waiting_by_reason", "capacity"]),
+            deferred=int(by_label["vllm:num_requests_waiting_by_reason", "deferred"]),
+        ) if "vllm:num_requests_waiting_by_reason" in values else None,
+        evictions=_evictions(values),
     )
 
 
@@ -281,7 +311,49 @@ class ClusterResidency:
 
 
 def _counts(m: ReplicaMetrics) -> dict:
-    return {k: v for k, v in asdict(m).items() if k != "kv_cache_bytes"}
+    # asdict would turn the nested numbers into dicts; they are frozen, so they are passed as they are.
+    flat = {k: v for k, v in asdict(m).items() if k not in ("kv_cache_bytes", *_NESTED)}
+    return flat | {k: getattr(m, k) for k in _NESTED}
+
+
+_NESTED = ("prompt_tokens", "waiting_by_reason", "evictions")
+
+
+def _evictions(values: dict[str, float]) -> EvictionSample | None:
+    if "vllm:kv_block_lifetime_seconds_count" not in values:
+        return None
+    n = int(values["vllm:kv_block_lifetime_seconds_count"])
+    idle_n = values.get("vllm:kv_block_idle_before_evict_seconds_count", 0.0)
+    return EvictionSample(num_blocks=n, mean_lifetime_s=values["vllm:kv_block_lifetime_seconds_sum"] / n if n else 0.0,
+                          mean_idle_s=values.get("vllm:kv_block_idle_before_evict_seconds_sum", 0.0) / idle_n
+                          if idle_n else 0.0)
+
+
+def _sum_optional(parts: list[int | None]) -> int | None:
+    known = [p for p in parts if p is not None]
+    return sum(known) if known else None
+
+
+def _sum_sources(parts: list[PromptTokenSources | None]) -> PromptTokenSources | None:
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    return PromptTokenSources(*(sum(getattr(p, f) for p in known)
+                                for f in ("computed", "local_cache_hit", "external_kv_transfer", "cached")))
+
+
+def _sum_reasons(parts: list[WaitingReasons | None]) -> WaitingReasons | None:
+    known = [p for p in parts if p is not None]
+    return WaitingReasons(sum(p.capacity for p in known), sum(p.deferred for p in known)) if known else None
+
+
+def _merge_evictions(parts: list[EvictionSample | None]) -> EvictionSample | None:
+    known = [p for p in parts if p is not None]
+    if not known:
+        return None
+    n = sum(p.num_blocks for p in known)
+    return EvictionSample(n, sum(p.mean_lifetime_s * p.num_blocks for p in known) / n if n else 0.0,
+                          sum(p.mean_idle_s * p.num_blocks for p in known) / n if n else 0.0)
 
 
 def _labels(text: str) -> dict[str, str]:

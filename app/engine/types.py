@@ -14,6 +14,12 @@ if TYPE_CHECKING:
     from app.engine.residency import CacheBranch, KVEventStats, ResidencyMatch, ResidencyMirror
 
 
+# The SamplingParams.extra_args key (vllm_xargs over HTTP) of an answer's pause after each engine step,
+# which app.engine.step_delay honours (tests only).
+STEP_DELAY_ARG = "prefixdesk_step_delay_ms"
+STEP_DELAY_PROCESSOR = "app.engine.step_delay:StepDelay"  # as vLLM's --logits-processors names it
+
+
 class EngineError(RuntimeError):
     """Generation failed inside the engine; the message is safe to show to a user."""
 
@@ -42,6 +48,7 @@ class EngineInfo:
     max_num_seqs: int
     max_concurrent_requests: int
     backend: str = "local"  # "local" (in-process AsyncLLM) or "remote" (OpenAI-compatible server)
+    precision: str = ""  # what serves, e.g. "bf16 weights · fp8 KV"; "" where the engine cannot tell (remote)
 
 
 @dataclass(frozen=True)
@@ -65,20 +72,100 @@ class RequestStats:
 
 
 @dataclass(frozen=True)
+class Logprobs:
+    """The model's log-probabilities for one prompt (tests/helpers/baichuan.py reads them from vLLM)."""
+
+    prompt: tuple[float, ...]  # of each prompt token after the ones before it (the first has none)
+    next_token: dict[int, float]  # the likeliest next tokens, token id -> log-probability
+
+
+@dataclass(frozen=True)
+class BlockCounts:
+    """Every usable KV block in exactly one state, so ``usable == empty + evictable + held``.
+
+    vLLM's block pool has no "cached" state of its own: a cached block no request holds sits in the
+    free queue (``get_num_free_blocks`` counts it) until a hit takes it back or an allocation evicts
+    it. ``held`` comes from vLLM's kv_cache_usage; which held blocks are cached, from matching the
+    running requests' sequences in the KV-event mirror.
+    """
+
+    usable: int  # num_blocks minus vLLM's null block
+    held: int  # reference count above 0: held by running requests
+    held_cached: int  # of those, in the prefix cache (the full blocks of their sequences)
+    evictable: int  # in the prefix cache and held by no request: reused on a hit, evicted (LRU) for room
+
+    @property
+    def empty(self) -> int:
+        """Blocks with nothing reusable in them (never filled, or a request's partial last block)."""
+        return self.usable - self.held - self.evictable
+
+    @property
+    def free(self) -> int:
+        """What vLLM counts as free: empty and evictable blocks together."""
+        return self.empty + self.evictable
+
+    @property
+    def cached(self) -> int:
+        """Blocks in the prefix cache, held or not."""
+        return self.held_cached + self.evictable
+
+
+@dataclass(frozen=True)
+class PromptTokenSources:
+    """Prompt tokens by where their KV came from, as vLLM counts them (vllm:prompt_tokens_by_source)."""
+
+    computed: int  # "local_compute": prefilled by the engine
+    local_cache_hit: int  # from the engine's own prefix cache
+    external_kv_transfer: int  # from a KV connector (another instance, an offload tier)
+    cached: int  # vllm:prompt_tokens_cached: local cache hits and external transfers together
+
+    @property
+    def total(self) -> int:
+        return self.computed + self.local_cache_hit + self.external_kv_transfer
+
+
+@dataclass(frozen=True)
+class WaitingReasons:
+    """Waiting requests by why they wait (vllm:num_requests_waiting_by_reason)."""
+
+    capacity: int  # no room yet in the batch or the KV cache
+    deferred: int  # held back by a transient constraint (LoRA budget, KV transfer, a blocked status)
+
+
+@dataclass(frozen=True)
+class EvictionSample:
+    """KV blocks vLLM sampled as they were evicted (its --kv-cache-metrics, PREFIXDESK_KV_CACHE_METRICS)."""
+
+    num_blocks: int  # sampled evictions since start
+    mean_lifetime_s: float  # allocated to evicted
+    mean_idle_s: float  # last used to evicted
+
+
+@dataclass(frozen=True)
 class CacheSnapshot:
-    """The prefix cache and scheduler as the last engine step left them."""
+    """The prefix cache and scheduler as the last engine step left them.
+
+    The optional numbers are None where the engine cannot tell: ``blocks`` without KV-cache events,
+    the others where the installed vLLM does not report them (``evictions`` also while
+    PREFIXDESK_KV_CACHE_METRICS is off).
+    """
 
     num_blocks: int
     block_size: int
     kv_cache_usage: float  # 0-1, blocks held by running requests
     running: int
-    waiting: int
+    waiting: int  # vllm:num_requests_waiting: every reason together
     queries: int  # prompt tokens looked up since start (vLLM's "queries")
     hits: int  # of those, tokens found in the cache
     recent_queries: int  # the same over the last HIT_RATE_WINDOW_S seconds
     recent_hits: int
     resets: int
     max_running_seen: int
+    blocks: BlockCounts | None = None
+    prompt_tokens: PromptTokenSources | None = None  # since start
+    preemptions: int | None = None  # since start (vllm:num_preemptions)
+    waiting_by_reason: WaitingReasons | None = None
+    evictions: EvictionSample | None = None
 
     @property
     def hit_rate(self) -> float:
@@ -114,6 +201,11 @@ class ReplicaView:
     num_blocks: int
     block_size: int
     mirror: ResidencyMirror | None  # its KV-cache events, when it publishes them
+    blocks: BlockCounts | None = None  # None without its KV-cache events
+    prompt_tokens: PromptTokenSources | None = None  # None: its vLLM exports no vllm:prompt_tokens_by_source
+    preemptions: int | None = None
+    waiting_by_reason: WaitingReasons | None = None
+    evictions: EvictionSample | None = None  # None unless it runs with --kv-cache-metrics
 
     @property
     def hit_rate(self) -> float:
@@ -161,6 +253,7 @@ class Engine(Protocol):
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
+        step_delay_ms: int = 0,  # PREFIXDESK_STEP_DELAY_MS (tests only)
     ) -> AsyncIterator[Delta | RequestStats]: ...
 
     async def abort_all(self) -> int: ...

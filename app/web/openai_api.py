@@ -138,7 +138,8 @@ def build_openai_router(desk: Desk, trust: ProxyTrust) -> APIRouter:
             stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
                                         cache_salt=salt,
                                         routing_key=routing_key(template.family, shards=desk.family_shards,
-                                                                shard_seed=uuid.uuid4().hex))
+                                                                shard_seed=uuid.uuid4().hex),
+                                        step_delay_ms=desk.step_delay_ms)
             # Take the first event before answering, so a busy engine is a 429, not a broken stream.
             first = await _first_event(stream)
         except BaseException as exc:

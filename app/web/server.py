@@ -32,13 +32,15 @@ from app.core.prompts import PromptBuilder, system_text
 from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
 from app.db import templates as db_templates
-from app.engine import Engine, build_engine, resolve_model_path
+from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
 from app.settings import Settings, SettingsError
 from app.web.guards import RequestGuard
 from app.web.openai_api import build_openai_router
 
 if TYPE_CHECKING:
     import gradio as gr
+
+    from app.console.access import Clock
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +73,7 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     if added:
         log.info("seeded %d templates from %s", added, settings.templates_dir)
     model = engine.info.model if engine else resolve_model_path(settings)
-    prompts = PromptBuilder(settings.tokenizer or model, max_model_len=settings.max_model_len,
+    prompts = PromptBuilder(resolve_tokenizer(settings, model), max_model_len=settings.max_model_len,
                             max_tokens=settings.max_tokens, drop_oldest_turns=settings.drop_oldest_turns,
                             trust_remote_code=settings.trust_remote_code)
     catalog = TemplateCatalog(db, prompts)
@@ -81,13 +83,15 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
-                ignore_eos=settings.ignore_eos)
+                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms)
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
-def create_app(services: Services) -> FastAPI:
+def create_app(services: Services, *, console_clock: Clock | None = None) -> FastAPI:
+    """The web app over ``services``; ``console_clock`` is the time console sessions and login delays
+    keep (tests move one by hand)."""
     # Gradio (and the console, which needs it) is imported here, not at module level, so that
     # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
     import gradio as gr
@@ -110,7 +114,7 @@ def create_app(services: Services) -> FastAPI:
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
-                           language=settings.ui_language)
+                           language=settings.ui_language, clock=console_clock)
     console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access)
     _lifespan(app, services)
@@ -245,7 +249,7 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         reason = health.reason or ("" if ready else "warming the templates")
         body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
                 "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
-                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
+                "num_blocks": info.num_blocks, "precision": info.precision, "restarts": services.engine.restarts,
                 "restarting": services.engine.restarting}
         if replicas := services.engine.replicas():
             body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]

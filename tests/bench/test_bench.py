@@ -258,11 +258,9 @@ def test_ttft_counts_from_the_scheduled_arrival_so_a_late_client_cannot_hide_it(
 
 
 def test_counted_requests_still_running_at_the_drain_deadline_are_cut_off():
-    target = SleepyTarget(hang_index=2)
-    started = time.monotonic()
+    target = SleepyTarget(hang_index=2)  # an hour, unless the drain deadline cuts it off
     result = run_alone(run_schedule(target, reqs(3), max_tokens=1, t0_wall=time.time(),
                                       arrivals_s=[0.0, 0.01, 0.02], drain_deadline_s=0.3))
-    assert time.monotonic() - started < 2
     cut = [s for s in result.samples if not s.finished]
     assert [(s.index, s.error, s.e2e_ms) for s in cut] == [(2, "cut off at the drain deadline", None)]
     assert [s.index for s in result.samples if s.ok] == [0, 1]

@@ -2,12 +2,12 @@
 vllm-router, started once by ``python -m app.cluster`` on loopback. No mocks: per-replica numbers are
 read from each replica's own /metrics, cached tokens from vLLM's streamed usage.
 
-The killing test runs last: it leaves one replica down.
+A test of both replicas starts from both up (``whole``); a test that kills a replica waits for the launcher
+to start it again, so each test runs alone as well as after any other.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import re
@@ -26,15 +26,15 @@ from app.cluster.processes import check_ports
 from app.cluster.spec import ClusterError, ClusterOptions, plan_cluster
 from app.core.prompts import PromptBuilder, common_prefix_len, system_text
 from app.core.routing import family_keys, routing_key
-from app.engine import EngineError, RequestStats
+from app.engine import Delta, EngineError, RequestStats
 from app.engine.replicas import Replicas, parse_metrics
 from app.template_files import read_folder
 
-from tests.helpers.servers import ROOT, collect
-from tests.helpers.servers import settings_for
-from tests.helpers.waiting import eventually
+from tests.helpers.servers import ROOT, STEP_DELAY_MS, collect, settings_for, slow_answers
+from tests.helpers.waiting import eventually, wait_until
 
 STARTUP_TIMEOUT_S = 240
+RESTART_TIMEOUT_S = 150  # a killed replica, started again by the launcher
 
 
 def free_port_run(n: int) -> int:
@@ -67,7 +67,8 @@ class RunningCluster:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
         env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_KV_CACHE_MIB": "64",
                     "PREFIXDESK_MAX_MODEL_LEN": "2048", "PREFIXDESK_MAX_TOKENS": "48",
-                    "PREFIXDESK_TEMPLATES_DIR": str(ROOT / "templates"), "PYTHONUNBUFFERED": "1"})
+                    "PREFIXDESK_TEMPLATES_DIR": str(ROOT / "templates"), "PYTHONUNBUFFERED": "1",
+                    "PREFIXDESK_ENGINE_STEP_DELAYS": "true"})  # answers that ask may pause (slow_answers)
         o = self.options
         self.argv = [sys.executable, "-m", "app.cluster", "--no-app", "--device", "cpu", "--cores-per-replica", "1",
                      "--replica-port", str(o.replica_port), "--kv-events-port", str(o.kv_events_port),
@@ -84,11 +85,12 @@ class RunningCluster:
 
     def wait_ready(self) -> float:
         started = time.monotonic()
-        while "Ctrl-C stops everything" not in self.output():
-            assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
-            assert time.monotonic() - started < STARTUP_TIMEOUT_S, f"cluster not ready:\n{self.output()}"
-            time.sleep(0.5)
+        wait_until(self._ready, STARTUP_TIMEOUT_S, lambda: f"the cluster to be ready:\n{self.output()}", poll_s=0.5)
         return time.monotonic() - started
+
+    def _ready(self) -> bool:
+        assert self.proc.poll() is None, f"the launcher exited with {self.proc.returncode}:\n{self.output()}"
+        return "Ctrl-C stops everything" in self.output()
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
@@ -145,6 +147,13 @@ def remote_engine(remote_settings):
     engine.shutdown()
 
 
+@pytest.fixture()
+def whole(remote_engine):
+    """Both replicas up: where a test of two replicas starts (one killed elsewhere takes a minute to come back)."""
+    wait_until(lambda: all(v.up for v in remote_engine.replicas()), RESTART_TIMEOUT_S, "both replicas to be up",
+               poll_s=0.5)
+
+
 @pytest.fixture(scope="session")
 def prompts(remote_settings, remote_engine):
     return PromptBuilder(remote_engine.info.model, max_model_len=remote_settings.max_model_len,
@@ -198,7 +207,7 @@ def test_routing_keys_are_the_family_or_a_stable_shard_of_it():
     assert family_keys("电商客服") == ["电商客服"]
 
 
-def test_the_engine_reads_the_cluster(cluster, remote_engine):
+def test_the_engine_reads_the_cluster(cluster, remote_engine, whole):
     info = remote_engine.info
     assert (info.backend, info.block_size, info.max_model_len) == ("remote", 32, 2048)
     # Each replica: 64 MiB / (K and V x 2 layers x 1 KV head x head_dim 64 x 32 tokens x 2 bytes) = 4,096 blocks.
@@ -208,7 +217,7 @@ def test_the_engine_reads_the_cluster(cluster, remote_engine):
     assert all(v.up and v.reason == "" and v.block_size == 32 for v in views)
 
 
-def test_all_requests_of_a_family_land_on_one_replica(cluster, remote_engine, aio, prompts, chains):
+def test_all_requests_of_a_family_land_on_one_replica(cluster, remote_engine, aio, prompts, chains, whole):
     before = served(cluster)
     replicas = set()
     for name in ("商城通用规则", "电子产品", "服装鞋包"):  # one family: a parent and its two children
@@ -259,26 +268,53 @@ def test_two_cache_salts_share_no_blocks(remote_engine, aio, prompts, chains):
         (len(prompt) - 1) // block * block
 
 
-def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, prompts, chains):
-    time.sleep(1.2)  # a scrape after the earlier tests' requests
+def caught_up(cluster, remote_engine) -> None:
+    """Until the engine's scraper has seen every request so far: its view of each replica's counters is the
+    replica's own /metrics now."""
+    now = [(m.queries, m.hits) for m in map(scrape, cluster.replica_urls)]
+    assert eventually(lambda: [(v.queries, v.hits) for v in remote_engine.replicas()], now) == now
+
+
+def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, prompts, chains, whole):
+    caught_up(cluster, remote_engine)
     before = remote_engine.snapshot()
     salt = uuid.uuid4().hex
-    asked = [ask(aio, remote_engine, prompts.build(system_text(chains[name]), [], "发票怎么开？").token_ids,
-                 key=name, salt=salt) for name in ("电商客服", "support-en", "电商客服", "support-en")]
+    names = ("电商客服", "support-en", "电商客服", "support-en")
+    prompt_ids = [prompts.build(system_text(chains[name]), [], "发票怎么开？").token_ids for name in names]
+    asked = [ask(aio, remote_engine, ids, key=name, salt=salt) for name, ids in zip(names, prompt_ids)]
+    block = remote_engine.info.block_size
+    # A new salt: each prompt misses, then its repeat, on the same replica, finds all its full blocks but the last
+    # token's.
+    assert [s.num_cached_tokens for s in asked] == [0, 0] + [(len(ids) - 1) // block * block for ids in prompt_ids[2:]]
     expected = (before.queries + sum(s.prompt_tokens for s in asked),
                 before.hits + sum(s.num_cached_tokens for s in asked))
-    assert sum(s.num_cached_tokens for s in asked) > 0
     snapshot = remote_engine.snapshot
     assert eventually(lambda: (snapshot().queries, snapshot().hits), expected) == expected
     assert (snapshot().num_blocks, snapshot().block_size) == (2 * 4096, 32)
+    # vLLM's prompt-token sources from each replica's /metrics: these prompts' tokens, each from one source.
+    after = snapshot()
+    sources = [(x.computed, x.local_cache_hit, x.external_kv_transfer, x.cached)
+               for x in (before.prompt_tokens, after.prompt_tokens)]
+    computed, local, external, cached = (b - a for a, b in zip(*sources))
+    assert (computed + local, local, external, cached) == (sum(s.prompt_tokens for s in asked),
+                                                           sum(s.num_cached_tokens for s in asked), 0, local)
+    assert (after.preemptions, after.waiting_by_reason.capacity, after.waiting_by_reason.deferred) == (0, 0, 0)
+    assert after.evictions is None  # the replicas run without --kv-cache-metrics
+    assert (after.blocks.usable, after.blocks.held) == (2 * 4095, 0)
 
 
-def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains):
+def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains, whole):
     replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events)
     replicas.start(block_size=remote_engine.info.block_size)
     try:
-        time.sleep(0.5)  # ZMQ subscribers miss what is published before they connect
         keys = keys_on_each_replica(aio, remote_engine, [7, 8, 9])
+
+        def subscribed() -> bool:  # ZMQ drops what is published before a subscriber connects: probe until heard
+            for probe_key in keys.values():
+                ask(aio, remote_engine, list(range(40)), key=probe_key, salt=uuid.uuid4().hex, max_tokens=1)
+            return all(m.wait_quiet() and m.stats().batches for m in replicas.mirrors.values())
+
+        wait_until(subscribed, 30, "each replica's KV events to reach its mirror", poll_s=0.5)
         salt = uuid.uuid4().hex
         prompt = prompts.build(system_text(chains["电商客服"]), [], "发票怎么开？").token_ids
         holder, key = next(iter(keys.items()))
@@ -296,7 +332,7 @@ def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, pr
         replicas.close()
 
 
-def test_reset_clears_every_replica(remote_engine, aio):
+def test_reset_clears_every_replica(remote_engine, aio, whole):
     keys = keys_on_each_replica(aio, remote_engine, [5, 6, 7])
     prompt = list(range(1000, 1100))  # 3 full blocks
     for key in keys.values():
@@ -307,9 +343,14 @@ def test_reset_clears_every_replica(remote_engine, aio):
         {u: 0 for u in keys}
 
 
-def test_stopping_a_stream_aborts_the_request_on_its_replica(cluster, remote_engine, aio):
+ORPHAN_WINDOW_S = 1.0  # an orphan would generate dozens of tokens in it, even at a pause of 20 ms a step
+
+
+def test_stopping_a_stream_aborts_the_request_on_its_replica(cluster, remote_engine, aio, whole):
     async def stop_after_three_deltas():
-        stream = remote_engine.stream(list(range(200, 260)), max_tokens=1900, ignore_eos=True, routing_key="stop")
+        # 1,900 tokens at a pause of 20 ms a step: still streaming when it is stopped, however loaded the machine.
+        stream = remote_engine.stream(list(range(200, 260)), max_tokens=1900, ignore_eos=True, routing_key="stop",
+                                      step_delay_ms=STEP_DELAY_MS)
         n = 0
         async for _ in stream:
             n += 1
@@ -322,20 +363,22 @@ def test_stopping_a_stream_aborts_the_request_on_its_replica(cluster, remote_eng
     replica = next(u for u in cluster.replica_urls if scrape(u).generation_tokens > before[u])  # the one answering
     assert eventually(lambda: scrape(replica).running, 0) == 0
     generated = scrape(replica).generation_tokens
-    time.sleep(1.0)  # an orphan would keep generating ~200 tokens/s here
+    assert generated - before[replica] < 1900  # cut short
+    time.sleep(ORPHAN_WINDOW_S)
     assert scrape(replica).generation_tokens == generated
     assert remote_engine.in_flight == 0
 
 
-def test_abort_all_ends_every_stream_as_aborted(cluster, remote_engine, aio):
+def test_abort_all_ends_every_stream_as_aborted(cluster, remote_engine, aio, whole):
     async def run():
-        task = asyncio.ensure_future(collect(remote_engine.stream(list(range(300, 360)), max_tokens=1900,
-                                                                  ignore_eos=True, routing_key="abort")))
-        while remote_engine.in_flight == 0:
-            await asyncio.sleep(0.05)
-        await asyncio.sleep(0.3)  # tokens are streaming
-        aborted = await remote_engine.abort_all()
-        return aborted, await task
+        events = []
+        aborted = 0
+        async for event in remote_engine.stream(list(range(300, 360)), max_tokens=1900, ignore_eos=True,
+                                                routing_key="abort", step_delay_ms=STEP_DELAY_MS):
+            events.append(event)
+            if len(events) == 1:  # its first text: tokens are streaming, for 38 s or more
+                aborted = await remote_engine.abort_all()
+        return aborted, events
 
     aborted, events = aio(run())
     assert aborted == 1
@@ -359,51 +402,34 @@ def test_the_launcher_refuses_a_taken_port_and_too_many_gpus(cluster):
         plan_cluster(ClusterOptions(device="gpu"), cluster.settings, "model", gpu_count=1, cpus=(0, 1))
 
 
-def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_engine, aio):
-    keys = keys_on_each_replica(aio, remote_engine, [1, 2, 3])
-    victim, survivor = cluster.replica_urls
-    cluster.victim_key = key = keys[victim]
+RESTARTED = "replica-0 exited with -9; the router routes around it; starting it again"
 
+
+def test_a_killed_replica_is_shown_down_its_family_moves_and_the_launcher_starts_it_again(cluster, remote_engine, aio,
+                                                                                         whole):
+    keys = keys_on_each_replica(aio, remote_engine, [1, 2, 3])
+    victim, survivor = cluster.replica_urls  # replica-0, then replica-1
+    key = keys[victim]
+    prompt = list(range(600, 700))  # 3 full blocks, cached on the victim before it dies
+    ask(aio, remote_engine, prompt, key=key)
+    assert ask(aio, remote_engine, prompt, key=key).num_cached_tokens == 96
+    restarts, restarted = remote_engine.restarts, cluster.output().count(RESTARTED)
     group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
 
-    async def answer_while_killed():
-        # The replica is frozen once the answer has begun; what it had already sent still arrives (on a
-        # loaded machine that can be the whole answer: then it is thawed and asked again), then it is killed.
-        for _ in range(5):
-            events: asyncio.Queue = asyncio.Queue()
+    async def answer_killed_mid_way():
+        events = []
+        with pytest.raises(EngineError) as broke:
+            async for event in remote_engine.stream(list(range(400, 460)), max_tokens=750, ignore_eos=True,
+                                                    routing_key=key, step_delay_ms=STEP_DELAY_MS):
+                events.append(event)
+                if len(events) == 1:  # its first text: 750 steps of 20 ms or more are still to come
+                    os.killpg(group, signal.SIGKILL)
+        return events, broke.value
 
-            async def pump(stream, events: asyncio.Queue):
-                try:
-                    async for event in stream:
-                        await events.put(("event", event))
-                    await events.put(("end", None))
-                except EngineError as exc:
-                    await events.put(("error", exc))
-
-            task = asyncio.ensure_future(pump(remote_engine.stream(list(range(400, 460)), max_tokens=1900,
-                                                                   ignore_eos=True, routing_key=key), events))
-            assert (await asyncio.wait_for(events.get(), 60))[0] == "event"
-            os.killpg(group, signal.SIGSTOP)
-            ended = None
-            while ended is None:
-                try:
-                    kind, value = await asyncio.wait_for(events.get(), 2)
-                except TimeoutError:
-                    break  # nothing more on its way: frozen mid-answer
-                if kind != "event":
-                    ended = kind, value
-            if ended is None:
-                os.killpg(group, signal.SIGKILL)
-                kind, value = await asyncio.wait_for(events.get(), 60)
-                await task
-                assert kind == "error" and isinstance(value, EngineError), (kind, value)
-                assert f"the model server {victim} stopped while answering" in str(value)
-                return
-            await task
-            os.killpg(group, signal.SIGCONT)
-        raise AssertionError("five answers arrived whole before their replica could be frozen")
-
-    aio(answer_while_killed())
+    events, error = aio(answer_killed_mid_way())
+    assert events and all(isinstance(e, Delta) for e in events)  # what it had sent, then the break: no stats
+    assert re.fullmatch(rf"the model server {re.escape(victim)} stopped while answering( \(\w+\))?; please retry",
+                        str(error)), str(error)
     down = eventually(lambda: [(v.url, v.up) for v in remote_engine.replicas()], [(victim, False), (survivor, True)])
     assert down == [(victim, False), (survivor, True)]
     assert next(v for v in remote_engine.replicas() if v.url == victim).reason.startswith("not answering")
@@ -412,17 +438,15 @@ def test_a_killed_replica_is_shown_down_and_its_family_moves(cluster, remote_eng
     after = ask(aio, remote_engine, list(range(500, 540)), key=key)
     assert (after.replica, after.finish_reason, after.output_tokens) == (survivor, "length", 4)
 
-
-def test_the_launcher_starts_a_dead_replica_again(cluster, remote_engine, aio):
-    victim = cluster.replica_urls[0]
-    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
-    assert "replica-0 exited with -9; the router routes around it; starting it again" in cluster.output()
-    assert remote_engine.restarts == 1
-    # Back in the router's ring, it gets its family again, with an empty cache.
-    prompt = list(range(600, 700))
-    back = eventually(lambda: ask(aio, remote_engine, prompt, key=cluster.victim_key).replica, victim)
-    assert back == victim
-    assert ask(aio, remote_engine, prompt, key=cluster.victim_key).num_cached_tokens == 96
+    wait_until(lambda: all(v.up for v in remote_engine.replicas()), RESTART_TIMEOUT_S,
+               "the launcher to start the killed replica again", poll_s=0.5)
+    assert cluster.output().count(RESTARTED) == restarted + 1
+    assert remote_engine.restarts == restarts + 1
+    # Back in the router's ring, it gets its family again, with an empty cache: the prompt it held misses.
+    back = wait_until(lambda: (s := ask(aio, remote_engine, prompt, key=key)).replica == victim and s, 60,
+                      "the router to route the family back to the restarted replica", poll_s=0.5)
+    assert back.num_cached_tokens == 0
+    assert ask(aio, remote_engine, prompt, key=key).num_cached_tokens == 96
 
 
 # -- the app over the cluster: chats stored with their replica, the console, a replica dying mid-answer --
@@ -435,19 +459,22 @@ class _OnEngine:
         self.engine = engine
 
 
-@pytest.fixture(scope="module")
-def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
-    """The whole app (chat, console, /v1) over the cluster's router (support-en only); every answer runs to its
-    1,500 tokens, so one is still streaming when its replica is killed."""
-    from tests.helpers.servers import SecondServer
-
-    data_dir = tmp_path_factory.mktemp("cluster-app")
+def support_en_only(data_dir: Path) -> Path:
+    """A templates folder of support-en alone (386 tokens: room for long answers in 2,048)."""
     templates = data_dir / "templates"
     templates.mkdir()
     (templates / "02-support-en.txt").write_text((ROOT / "templates" / "02-support-en.txt").read_text())
-    with SecondServer(_OnEngine(remote_engine), engine_loop, data_dir, engine="remote",
-                      engine_url=cluster.router_url, max_tokens=1500, ignore_eos=True, templates_dir=str(templates),
-                      admin_password="cluster console 42") as url:
+    return templates
+
+
+@pytest.fixture(scope="module")
+def cluster_app(cluster, remote_engine, engine_loop, tmp_path_factory):
+    """The whole app (chat, console, /v1) over the cluster's router (support-en only)."""
+    from tests.helpers.servers import SecondServer
+
+    data_dir = tmp_path_factory.mktemp("cluster-app")
+    with SecondServer(_OnEngine(remote_engine), engine_loop, data_dir, engine="remote", engine_url=cluster.router_url,
+                      templates_dir=str(support_en_only(data_dir)), admin_password="cluster console 42") as url:
         yield url, data_dir
 
 
@@ -458,7 +485,7 @@ def stored(data_dir, message_id):
 
 
 def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(cluster_app, cluster, remote_engine,
-                                                                           block_size):
+                                                                           block_size, whole):
     from gradio_client import Client
 
     url, data_dir = cluster_app
@@ -467,7 +494,7 @@ def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(clu
     second = chat.predict("Can I change the size?", None, "support-en", None, None, api_name="/chat")
     assert (first["status"], second["status"]) == ("ok", "ok")
     assert first["replica"] == second["replica"] and first["replica"] in cluster.replica_urls  # family affinity
-    prefix = len(PromptBuilder(remote_engine.info.model, max_model_len=2048, max_tokens=1500,
+    prefix = len(PromptBuilder(remote_engine.info.model, max_model_len=2048, max_tokens=48,
                                drop_oldest_turns=True).prefix_ids(
         system_text([f.text for f in read_folder(data_dir / "templates")])))
     assert second["num_cached_tokens"] == prefix // block_size * block_size == 384  # warmed at start-up
@@ -477,7 +504,7 @@ def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(clu
         "remote", [(u, True) for u in cluster.replica_urls])
 
 
-def test_the_console_shows_both_replicas(cluster_app, cluster, browser):
+def test_the_console_shows_both_replicas(cluster_app, cluster, browser, whole):
     from tests.helpers.browser import console_page
 
     url, _ = cluster_app
@@ -496,40 +523,28 @@ def test_the_console_shows_both_replicas(cluster_app, cluster, browser):
 
 
 def test_a_replica_dying_mid_answer_loses_no_stored_message_and_the_next_chat_is_answered(
-        cluster_app, cluster, remote_engine, aio):
+        cluster, remote_engine, aio, engine_loop, tmp_path, whole):
     from gradio_client import Client
 
-    url, data_dir = cluster_app
-    # Both replicas up (an earlier test killed one and the launcher started it again), so the router's
-    # choice for the family is settled: where it lives now is where the chat below is answered.
-    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
-    (victim,) = {ask(aio, remote_engine, [1, 2, 3], key="support-en").replica for _ in range(3)}
+    from tests.helpers.servers import SecondServer
+
+    (victim,) = {ask(aio, remote_engine, [1, 2, 3], key="support-en").replica for _ in range(3)}  # the family's
     survivor = next(u for u in cluster.replica_urls if u != victim)
     group = cluster.process_group(victim)  # found before the answer starts: the kill must not wait for it
-    # Frozen once the answer has begun; if what it had already sent was the whole answer (a loaded machine),
-    # it is thawed and asked again. Then it is killed mid-answer.
-    for _ in range(5):
+    with SecondServer(_OnEngine(remote_engine), engine_loop, tmp_path, engine="remote", engine_url=cluster.router_url,
+                      templates_dir=str(support_en_only(tmp_path)), **slow_answers()) as url:
         job = Client(url, verbose=False).submit("Tell me about every policy.", None, "support-en", None, None,
                                                 api_name="/chat")
-        deadline = time.monotonic() + 60
-        while not job.outputs():
-            assert time.monotonic() < deadline, "no answer text within 60 s"
-            time.sleep(0.01)
-        os.killpg(group, signal.SIGSTOP)
-        time.sleep(2)
-        if not job.done():
-            break
-        os.killpg(group, signal.SIGCONT)
-    else:
-        raise AssertionError("five answers arrived whole before their replica could be frozen")
-    os.killpg(group, signal.SIGKILL)
-    final = job.result(timeout=120)
-    assert final["status"] == "error", ({k: v for k, v in final.items() if k != "text"}, victim)
-    assert re.fullmatch(rf"The answer broke off: the model server {re.escape(victim)} stopped while answering"
-                        r"( \(\w+\))?; please retry\.", final["error"]), final["error"]
-    row = stored(data_dir, final["message_id"])
-    assert (row["status"], row["text"]) == ("error", final["text"]) and row["text"]  # the partial answer is kept
-    assert stored(data_dir, final["message_id"] - 1)["text"] == "Tell me about every policy."
-    again = Client(url, verbose=False).predict("Are you there?", None, "support-en", None, None, api_name="/chat")
-    assert (again["status"], again["replica"]) == ("ok", survivor)
-    assert eventually(lambda: [v.up for v in remote_engine.replicas()], [True, True], timeout_s=150) == [True, True]
+        wait_until(job.outputs, 60, "the answer's first text")
+        os.killpg(group, signal.SIGKILL)  # mid-answer: it streams for 15 s or more
+        final = job.result(timeout=120)
+        assert final["status"] == "error", ({k: v for k, v in final.items() if k != "text"}, victim)
+        assert re.fullmatch(rf"The answer broke off: the model server {re.escape(victim)} stopped while answering"
+                            r"( \(\w+\))?; please retry\.", final["error"]), final["error"]
+        row = stored(tmp_path, final["message_id"])
+        assert (row["status"], row["text"]) == ("error", final["text"]) and row["text"]  # the partial answer is kept
+        assert stored(tmp_path, final["message_id"] - 1)["text"] == "Tell me about every policy."
+        again = Client(url, verbose=False).predict("Are you there?", None, "support-en", None, None, api_name="/chat")
+        assert (again["status"], again["replica"]) == ("ok", survivor)
+    wait_until(lambda: all(v.up for v in remote_engine.replicas()), RESTART_TIMEOUT_S,
+               "the launcher to start the killed replica again", poll_s=0.5)

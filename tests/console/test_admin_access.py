@@ -1,31 +1,19 @@
 """Who may use the console: logins, sessions in the database, logout, expiry, and the per-client delay."""
 
-import time
-
 import httpx
 import pytest
 from gradio_client import Client
 
 from app.console import operators
 from app.console.access import ConsoleAccess, LoginRefused, LoginThrottle
+from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import operator
 
 OPERATOR = ("op-access", "a long enough passphrase")
 
 
-class Clock:
-    """A clock the test moves by hand."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self):
-        return self.now
-
-
 def test_a_client_that_keeps_guessing_waits_twice_as_long_each_time_and_others_never_wait():
-    clock = Clock()
-    throttle = LoginThrottle(3, clock=clock)
+    throttle = LoginThrottle(3, clock=ManualClock())
     for _ in range(3):  # the free attempts
         assert throttle.wait_s("203.0.113.9") == 0
         throttle.failed("203.0.113.9")
@@ -67,16 +55,22 @@ def test_login_opens_a_session_and_logout_in_the_same_browser_ends_it(server_url
 
 def test_a_session_expires_after_its_ttl(services, aio):
     operator(services, *OPERATOR)
-    access = ConsoleAccess(services.db, ttl_s=1, free_attempts=5)
+    clock = ManualClock()
+    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=5, clock=clock)
     token = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
+    assert aio(access.operator_of(token)) == OPERATOR[0]
+    clock.advance(59.5)
     assert aio(access.operator_of(token, fresh=True)) == OPERATOR[0]
-    time.sleep(1.1)
+    assert aio(access.operator_of(token)) == OPERATOR[0]  # cached for the 0.5 s it has left, no longer
+    clock.advance(0.5)
     assert aio(access.operator_of(token, fresh=True)) is None
+    assert aio(access.operator_of(token)) is None
 
 
 def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_address(services, aio):
     operator(services, *OPERATOR)
-    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2)
+    clock = ManualClock()
+    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2, clock=clock)
     for _ in range(3):  # two free attempts, then the third failure costs a second
         with pytest.raises(LoginRefused) as exc:
             aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))
@@ -86,7 +80,12 @@ def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_addre
     assert (exc.value.status, exc.value.retry_after_s) == (429, 1)
     assert str(exc.value) == "Too many failed logins from your address; try again in 1 s."
     assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.12"))  # another address: fine
-    time.sleep(1.05)
+    clock.advance(0.5)
+    with pytest.raises(LoginRefused) as exc:
+        aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))  # not yet
+    assert (str(exc.value), exc.value.status, exc.value.retry_after_s) == (
+        "Too many failed logins from your address; try again in 1 s.", 429, 1)
+    clock.advance(0.5)
     assert aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.11"))
 
 

@@ -38,7 +38,7 @@ def test_publish_warms_the_prefix_and_the_next_chat_hits_exactly_its_full_blocks
     prefix = len(services.prompts.prefix_ids(TEXT))
     # 319 = 9 full blocks + 31: the warmup's probe token fills block 10, which a chat must not hit
     assert (prefix, full_blocks(prefix, block_size)) == (319, 288)
-    assert re.fullmatch(rf"已发布 '{name}'：v— → v1。预热用时 \d+ ms：前缀 319 个 token 中有 288 个已缓存。", status)
+    assert re.fullmatch(rf"已发布 '{name}'：— → v1。预热用时 \d+ ms：前缀 319 个 token 中有 288 个已缓存。", status)
     assert info == "父模板：— · 语言：en · 已发布：v1 · 版本：v1 (op-api)"  # the summary line is current
 
     chat = Client(server_url, verbose=False)
@@ -76,10 +76,10 @@ def test_stale_save_and_parent_delete_are_refused_in_the_status_line(admin):
     status, *_ = admin.predict(name, api_name="/delete")
     assert status == f"⛔ '{name}' is the parent of '{child}'; delete or re-create those first."
     audit = rows_of(admin.predict(api_name="/audit"))
-    assert [r[1:7] for r in audit[:3]] == [
-        ["op-api", "create", child, "latest version", "", "1"],
-        ["op-api", "save", name, "latest version", "1", "2"],
-        ["op-api", "create", name, "latest version", "", "1"],
+    assert [r[1:7] for r in audit[:3]] == [  # the zh console's words for the actions and fields
+        ["op-api", "创建", child, "最新版本", "", "1"],
+        ["op-api", "保存", name, "最新版本", "1", "2"],
+        ["op-api", "创建", name, "最新版本", "", "1"],
     ]
 
 
@@ -91,15 +91,17 @@ def test_pin_and_internal_are_audited_with_what_they_change(admin, services):
     assert admin.predict(name, True, api_name="/internal")[0] == f"'{name}' 已设为内部模板：顾客不再看到它。"
     assert name not in [t.name for t in services.catalog.customer_facing()]
     audit = rows_of(admin.predict(api_name="/audit"))
-    assert [r[2:7] for r in audit[:2]] == [["mark internal", name, "internal", "no", "yes"],
-                                           ["pin", name, "pinned", "no", "yes"]]
+    assert [r[2:7] for r in audit[:2]] == [["设为内部", name, "内部", "否", "是"],
+                                           ["设为常驻", name, "常驻", "否", "是"]]
 
 
 def test_every_console_route_refuses_a_client_without_a_session(admin, admin_url):
     endpoints = sorted(admin.view_api(print_info=False, return_format="dict")["named_endpoints"])
     console = {"/audit", "/create", "/delete", "/diff", "/export", "/import", "/open", "/pin", "/internal", "/pinned",
                "/preview", "/publish", "/save", "/templates", "/touch_pinned", "/warm", "/reset_prefix_cache",
-               "/cold_vs_warm", "/bench_ab"}
+               "/cold_vs_warm", "/bench_ab", "/reset_and_rewarm", "/versions", "/start_split", "/promote_candidate",
+               "/end_split", "/conversations", "/transcript", "/take", "/reply", "/release", "/hide_transcripts",
+               "/export_conversations"}
     assert set(endpoints) == console
     for endpoint in endpoints:
         r = httpx.post(f"{admin_url}gradio_api/call{endpoint}", json={"data": []})

@@ -10,17 +10,18 @@ import pytest
 
 from app.console.access import SESSION_COOKIE
 from app.console.i18n import TEXT as CONSOLE_TEXT
-from app.core.prompts import system_text
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
-from tests.helpers.browser import console_page
+from app.core.prompts import common_prefix_len, system_text
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
+from tests.helpers.browser import open_tab as open_console_tab
 from tests.helpers.servers import SecondServer, full_blocks, operator
 
 OPERATOR = ("op-browser", "browser secret 42")
 TEXT = "\n".join(f"Policy {i}: parcels of size {i} ship within {i + 1} days." for i in range(10))
 EDITED = TEXT + "\nPolicy 10: oversized parcels ship on Mondays."
-TABS = ("templates", "warmup", "cache", "demo", "audit")  # the tab ids of app/console/ui.py, in order
-TAB_READY = {"templates": "#templates-table", "warmup": "#warm", "cache": "#cache-numbers .pd-card",
-             "demo": "#demo-run", "audit": "#audit-table"}
+# The tab ids of app/console/ui.py, in order.
+TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
+TAB_READY = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
+             "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +48,7 @@ def english(services, engine_loop, tmp_path_factory):
 
 def open_tab(page, tab: str, language: str = "zh") -> None:
     """Select a console tab, through the "more tabs" menu where a narrow screen folds it away."""
-    button = page.locator(f"[role=tab][data-tab-id={tab}]")
-    if button.count() and button.is_visible():
-        button.click()
-    else:
-        page.locator("button[aria-label='More tabs']").click()
-        page.locator(".overflow-dropdown button").filter(has_text=CONSOLE_TEXT[language][f"tab_{tab}"]).click()
-    page.locator(TAB_READY[tab]).first.wait_for(timeout=30_000)
-
-
-def table_rows(page, selector: str) -> list[list[str]]:
-    """A Dataframe's rows as shown: its cells are marked cell-<row>-<column> (a hidden copy sizes the columns)."""
-    return page.locator(selector).evaluate("""table => {
-        const rows = [];
-        for (const cell of table.querySelectorAll('[data-testid^="cell-"]')) {
-            const [, row, column] = cell.dataset.testid.match(/^cell-(\\d+)-(\\d+)$/) || [];
-            if (row !== undefined) (rows[+row] = rows[+row] || [])[+column] = cell.innerText.trim();
-        }
-        return rows;
-    }""")
+    open_console_tab(page, tab, CONSOLE_TEXT[language][f"tab_{tab}"], TAB_READY[tab])
 
 
 def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
@@ -91,6 +74,14 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     page.locator("#save").click()
     status = page.locator("#template-status")
     status.get_by_text(f"已将 '{template}' 保存为版本 2（尚未发布）。", exact=True).wait_for(timeout=30_000)
+    # The diff's version lists know the new version at once, without reopening the template.
+    assert (page.locator("#diff-a input").input_value(), page.locator("#diff-b input").input_value()) == ("1", "2")
+    page.locator("#diff").click()
+    page.locator("#diff-summary").get_by_text("第一个不同的 token").wait_for(timeout=30_000)
+    ids_a, ids_b = (services.prompts.prefix_ids(system_text((x,))) for x in (TEXT, EDITED))
+    first = common_prefix_len(ids_a, ids_b)
+    assert page.locator("#diff-summary").inner_text().startswith(
+        f"第一个不同的 token：{first}（共 {len(ids_a)} / {len(ids_b)}）")
 
     page.locator("#publish").click()  # the version just saved
     page.wait_for_function("document.querySelector('#template-status').innerText.startsWith('已发布')", timeout=60_000)
@@ -121,9 +112,9 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     open_tab(page, "audit")
     page.locator("#audit-table").get_by_text(template).last.wait_for(timeout=30_000)
     audit = table_rows(page, "#audit-table")
-    pins = [r[1:] for r in audit if r[2:4] == ["pin", template]]
-    assert pins == [[OPERATOR[0], "pin", template, "pinned", "no", "yes"]]
-    assert [r[2] for r in audit if r[3] == template][:4] == ["warmup", "pin", "publish", "save"]  # newest first
+    pins = [r[1:] for r in audit if r[2:4] == ["设为常驻", template]]
+    assert pins == [[OPERATOR[0], "设为常驻", template, "常驻", "否", "是"]]  # the zh console's words
+    assert [r[2] for r in audit if r[3] == template][:4] == ["预热", "设为常驻", "发布", "保存"]  # newest first
     assert_tidy(page)
     screenshot_every_tab(page, "admin")
     page.close()
@@ -178,6 +169,26 @@ def test_the_console_speaks_the_ui_language(browser, request, server_url, accoun
     page.close()
 
 
+def test_a_wrong_password_keeps_the_name_and_never_the_password(browser, server_url, account):
+    page = browser.new_page(viewport=PHONE)
+    page.goto(server_url + "admin/login")
+    page.locator("#username").fill(account[0])
+    page.locator("#password").fill("not the password 1")
+    page.locator("button[type=submit]").click()
+    page.locator("p.notice").wait_for(timeout=30_000)
+    assert page.locator("p.notice").inner_text() == "用户名或密码错误。"
+    assert (page.locator("#username").input_value(), page.locator("#password").input_value()) == (account[0], "")
+    assert "not the password 1" not in page.content()
+    assert page.evaluate("document.activeElement.id") == "password"  # the operator types the password again
+    assert_tidy(page)
+    screenshot(page, "admin-login-refused")
+    page.close()
+    hostile = '"><script>alert(1)</script>'
+    r = httpx.post(server_url + "admin/login", data={"username": hostile, "password": "x" * 9},
+                   headers={"Accept": "text/html"})
+    assert r.status_code == 401 and hostile not in r.text and "&quot;&gt;&lt;script&gt;" in r.text
+
+
 def test_both_languages_have_the_same_texts_with_the_same_placeholders():
     zh, en = CONSOLE_TEXT["zh"], CONSOLE_TEXT["en"]
     assert sorted(zh) == sorted(en)
@@ -203,7 +214,7 @@ def test_the_cache_tab_fits_a_phone_and_its_numbers_are_readable(browser, server
         const apart = label.width === 0 || value.top >= label.bottom || value.left >= label.right;
         return [row.innerText, inside, apart];
     })""")
-    assert len(rows) == 12  # 4 + 3 + 3 + 2 rows in the four cards
+    assert len(rows) == 24  # 8 + 5 + 4 + 4 + 1 + 2 rows in the six cards
     assert [r for r in rows if not (r[1] and r[2])] == []
     screenshot_every_tab(page, "admin")
     page.close()

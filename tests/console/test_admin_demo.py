@@ -1,12 +1,16 @@
-"""The console's Demo tab: cold vs warm on the live engine, and an A/B that reports a median of rounds."""
+"""The console's Demo tab: cold vs warm with two different questions, an A/B that reports a median of rounds as
+they run, and a reset that warms every template again — through the API and in a browser, at both widths."""
 
 import re
 
 import pytest
 from gradio_client import Client
 
-from tests.helpers.browser import console_page
-from tests.helpers.servers import OUTPUT_DIR, full_blocks, operator
+from app.core.demo import demo_questions
+from app.db import audit as db_audit
+from app.core.prompts import system_text
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot
+from tests.helpers.servers import full_blocks, operator
 
 OPERATOR = ("op-demo", "benchmarks at the meeting")
 
@@ -17,15 +21,21 @@ def admin(server_url, services):
     return Client(server_url + "admin/", auth=OPERATOR, verbose=False)
 
 
-def test_cold_vs_warm_computes_the_prompt_once_then_reuses_it(admin, services, block_size):
-    headline, cold, warm = admin.predict("support-en", "Where is my parcel?", api_name="/cold_vs_warm")
-    prompt = len(services.prompts.build("\n\n".join(services.catalog.get("support-en").chain), [],
-                                        "Where is my parcel?").token_ids)
-    assert "整段提示词全部计算\n**" in cold and f"提示 {prompt} 个 token 中 0 个来自缓存" in cold
-    # The second ask reuses every full block of the first prompt (the whole question, too).
-    assert f"提示 {prompt} 个 token 中 {full_blocks(prompt - 1, block_size)} 个来自缓存" in warm
+def test_cold_vs_warm_asks_two_questions_and_the_warm_one_reuses_exactly_the_template(admin, services, block_size):
+    cold_q, warm_q = demo_questions("en")
+    headline, cold, warm = admin.predict("support-en", cold_q, warm_q, api_name="/cold_vs_warm")
+    system = system_text(services.catalog.get("support-en").chain)
+    cold_prompt = len(services.prompts.build(system, [], cold_q).token_ids)
+    warm_prompt = len(services.prompts.build(system, [], warm_q).token_ids)
+    template_blocks = full_blocks(len(services.prompts.prefix_ids(system)), block_size)
+    assert f"提示 {cold_prompt} 个 token 中 **0** 个来自缓存" in cold and f"> {cold_q}" in cold
+    # Only the template is shared: the warm run's cached tokens are its full blocks, not the question.
+    assert f"提示 {warm_prompt} 个 token 中 **{template_blocks}** 个来自缓存" in warm and f"> {warm_q}" in warm
+    assert f"**{template_blocks // block_size}** 个完整块（{template_blocks} 个 token，每块 {block_size} 个）" in warm
     cold_ms, warm_ms = (int(re.search(r"\*\*(\d+) ms\*\*", x).group(1)) for x in (cold, warm))
     assert headline.startswith("### 缓存前缀让首 token 快了") and f"（{cold_ms} ms → {warm_ms} ms）" in headline
+    refused, *_ = admin.predict("support-en", cold_q, cold_q, api_name="/cold_vs_warm")
+    assert refused == "⛔ 热问题请换一个，这样两次请求只共享模板。"
 
 
 def test_the_ab_reports_the_median_of_its_rounds_with_their_spread(admin, services, block_size):
@@ -37,19 +47,59 @@ def test_the_ab_reports_the_median_of_its_rounds_with_their_spread(admin, servic
     rows = table["data"]
     prefix = full_blocks(len(services.catalog.prefix_ids("support-en")), block_size)
     assert [r[0] for r in rows] == ["热前缀", "独立盐值（冷）"]
-    assert rows[0][3].startswith(f"{prefix} / ") and rows[1][3].startswith("0 / ")  # cached / prompt tokens
-    points = plot["value"]["data"] if "value" in plot else plot["data"]
-    assert sorted(p[2] for p in points) == ["热前缀"] * 6 + ["独立盐值（冷）"] * 6
+    assert [r[3] for r in rows] == [str(prefix), "0"]  # cached tokens per request, in a column of their own
+    value = plot["value"] if "value" in plot else plot
+    assert sorted(p[2] for p in value["data"]) == ["热前缀"] * 6 + ["独立盐值（冷）"] * 6
+    assert value["columns"] == ["请求", "首 token (ms)", "组别"]  # the legend and axes speak the console's language
 
 
-def test_an_operator_runs_both_in_the_browser(browser, server_url, services):
-    page = console_page(browser, server_url, operator(services, *OPERATOR), width=1400, height=1100)
+def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(browser, server_url, services,
+                                                                              block_size):
+    page = console_page(browser, server_url, operator(services, *OPERATOR), **DESKTOP)
     page.get_by_role("tab", name="演示").click()
+    page.locator("#demo-run").wait_for()
+    # Before a run the boxes say what will appear there, not empty slivers.
+    assert page.locator("#demo-cold").inner_text().endswith("尚未提问。")
+    zh_cold, zh_warm = demo_questions("zh")
+    page.wait_for_function("q => document.querySelector('#demo-question textarea').value === q", arg=zh_cold)
+    assert page.locator("#demo-question-warm textarea").input_value() == zh_warm
+    screenshot(page, "demo-before")
     page.locator("#demo-run").click()
+    page.locator("#demo-cold").get_by_text("个来自缓存").wait_for(timeout=60_000)
     page.locator("#demo-headline").get_by_text("缓存前缀让首 token 快了").wait_for(timeout=60_000)
+    prefix = len(services.catalog.prefix_ids("电商客服"))
+    page.locator("#demo-warm").get_by_text("个来自缓存").wait_for(timeout=60_000)
+    assert f"中 {full_blocks(prefix, block_size)} 个来自缓存" in page.locator("#demo-warm").inner_text()
+    for slider, value in (("#ab-rounds", "3"), ("#ab-per-round", "2")):
+        page.locator(f"{slider} input[type=number]").fill(value)
+        page.locator(f"{slider} input[type=number]").press("Tab")  # a slider takes a typed number on leaving it
+    # Every text the summary shows on the way, however briefly (a loaded machine may draw a round late).
+    page.evaluate("""() => { window.abTexts = [];
+        new MutationObserver(() => window.abTexts.push(document.querySelector('#ab-summary').innerText))
+            .observe(document.querySelector('#ab-summary'), {subtree: true, childList: true, characterData: true}); }""")
     page.locator("#ab-run").click()
-    page.locator("#ab-summary").get_by_text("热前缀让首 token 快了").wait_for(timeout=120_000)
+    page.locator("#ab-summary").get_by_text("3 轮的中位数").wait_for(timeout=120_000)
+    page.wait_for_function("!/第 \\d \\/ 3 轮/.test(document.querySelector('#ab-summary').innerText)", timeout=120_000)
+    shown = page.evaluate("window.abTexts")
+    rounds = sorted({m.group(0) for text in shown for m in re.finditer(r"第 \d / 3 轮", text)})
+    assert rounds == ["第 1 / 3 轮", "第 2 / 3 轮", "第 3 / 3 轮"], shown  # round k of n, as they ran
     page.locator("#ab-plot canvas, #ab-plot svg.marks").first.wait_for(timeout=30_000)
     page.wait_for_timeout(1000)
-    assert page.locator("#demo-cold").inner_text().count("来自缓存") == 1
-    page.screenshot(path=str(OUTPUT_DIR / "admin-demo.png"), full_page=True)
+    assert_tidy(page)
+    screenshot(page, "demo-after")
+    page.locator("#demo-rewarm").click()
+    page.locator("#demo-rewarm-confirm").click()
+    page.locator("#demo-rewarm-status").get_by_text("个模板已重新预热").wait_for(timeout=120_000)
+    published = len(services.catalog.entries())
+    assert re.fullmatch(rf"前缀缓存已重置（丢弃 \d+ 个已缓存的块）；{published} 个模板已重新预热，用时 \d+ ms。",
+                        page.locator("#demo-rewarm-status").inner_text())
+    for name in (t.name for t in services.catalog.all()):  # warm again: every published prefix is resident
+        match = services.engine.residency.match(services.catalog.prefix_ids(name))
+        assert match.fully_resident, name
+    entries = [(e.user, e.action) for e in services.db.run(db_audit.recent, limit=published + 1)]
+    assert entries == [(OPERATOR[0], "warmup")] * published + [(OPERATOR[0], "reset prefix cache")]
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(500)
+    assert_tidy(page)
+    screenshot(page, "demo-after")
+    page.close()

@@ -1,23 +1,27 @@
 """The cache view's numbers, from real requests stored in a fresh database."""
 
-import statistics
+import re
 import uuid
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from app import template_files
 from app.core.background import CacheSampler
 from app.core.cache_view import read_cache_view
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Finished
+from app.core.prompts import system_text
 from app.db import metrics as db_metrics
 from app.db import open_database
 from app.db import templates as db_templates
-from app.db.models import utcnow
-from tests.helpers.browser import console_page
+from app.db.models import Message, utcnow
+from app.db.rows import TtftSplit
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
+from tests.helpers.waiting import eventually, wait_until
 
 
 @pytest.fixture()
@@ -53,23 +57,45 @@ def test_per_template_hit_rate_is_cached_over_prompt_tokens_of_the_stored_answer
         cached = sum(m.num_cached_tokens for m in rows)
         assert usage[name] == (len(rows), prompt, cached)
 
+    # Known first-token times on the stored answers (misses 100 and 300 ms, hits 10, 30 and 20 ms): the medians
+    # of each kind are then known too.
+    known_ms = dict(zip((m.id for m in electronics + english), (100.0, 10.0, 30.0, 300.0, 20.0)))
+    fresh_desk.db.run(lambda s: [s.execute(update(Message).where(Message.id == i).values(ttft_ms=ms))
+                                 for i, ms in known_ms.items()])
     ttft = fresh_desk.db.run(db_metrics.ttft_split, since=utcnow() - timedelta(minutes=5))
-    rows = electronics + english
-    assert (ttft.num_hits, ttft.num_misses) == (3, 2)
-    assert ttft.hit_p50_ms == statistics.median(m.ttft_ms for m in rows if m.num_cached_tokens)
-    assert ttft.miss_p50_ms == statistics.median(m.ttft_ms for m in rows if not m.num_cached_tokens)
+    assert ttft == TtftSplit(hit_p50_ms=20.0, miss_p50_ms=200.0, num_hits=3, num_misses=2)
 
 
 def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     engine = fresh_desk.engine
-    ask(aio, fresh_desk, "电子产品", "包邮吗？", uuid.uuid4().hex)
     engine.residency.wait_quiet()
-    view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
-    assert (view.num_blocks, view.block_size) == (engine.info.num_blocks, engine.info.block_size)
-    assert view.blocks_used == 0 and view.running == 0  # nothing runs between requests
-    assert view.blocks_used + view.blocks_free == view.num_blocks - 1
-    assert view.blocks_cached == engine.residency.num_cached_blocks()
-    assert view.hit_rate == view.hits / view.queries
+    before = aio(read_cache_view(engine=engine, db=fresh_desk.db))
+    asked = ask(aio, fresh_desk, "电子产品", "包邮吗？", uuid.uuid4().hex)  # a new salt: every block is new
+    engine.residency.wait_quiet()
+
+    def reading():
+        view = aio(read_cache_view(engine=engine, db=fresh_desk.db))
+        return view, (view.queries - before.queries, view.hits - before.hits, view.blocks_cached - before.blocks_cached,
+                      view.prompt_tokens.computed - before.prompt_tokens.computed,
+                      view.prompt_tokens.local_cache_hit - before.prompt_tokens.local_cache_hit)
+
+    # vLLM counts the request's queries and hits a step after it, and caches every full block of the tokens it
+    # computed: the prompt and the first of its 2 answer tokens; every prompt token was computed, none came from
+    # the cache.
+    added = (asked.prompt_tokens, 0, (asked.prompt_tokens + 1) // 32, asked.prompt_tokens, 0)
+    assert eventually(lambda: reading()[1], added) == added
+    view = reading()[0]
+    assert (view.num_blocks, view.block_size) == (4096, 32)  # 64 MiB of 32-token blocks
+    assert (view.blocks_used, view.blocks_free, view.running) == (0, 4096 - 1, 0)  # nothing runs between requests
+    # Every usable block in one state: nothing held between requests, so the cached ones are all evictable, and
+    # vLLM's "free" is the empty and the evictable ones together.
+    b = view.blocks
+    cached = engine.residency.num_cached_blocks()
+    assert (b.usable, b.held, b.held_cached, b.evictable, b.empty, b.free) == (4095, 0, 0, cached, 4095 - cached, 4095)
+    assert view.blocks_cached == cached and view.prompt_tokens.external_kv_transfer == 0
+    assert view.preemptions == 0 and (view.waiting_by_reason.capacity, view.waiting_by_reason.deferred) == (0, 0)
+    assert view.evictions is None  # PREFIXDESK_KV_CACHE_METRICS is off
+    assert (view.customers_recent.num_answers, view.customers_recent.prompt_tokens) == (1, asked.prompt_tokens)
     assert view.memory.device == "cpu" and view.memory.kv_cache_bytes == 64 << 20
     assert view.kv_events.missed_batches == 0
 
@@ -77,9 +103,8 @@ def test_a_reading_adds_up_and_survives_in_the_samples_table(fresh_desk, aio):
     started = utcnow()
     aio(sampler.tick())
     [row] = fresh_desk.db.run(db_metrics.samples_since, since=started)
-    assert (row.blocks_used, row.running) == (0, 0)
-    assert row.blocks_cached == engine.residency.num_cached_blocks()
-    assert row.memory_bytes > 0 and 0 <= row.recent_hit_rate <= 1
+    assert (row.blocks_used, row.running, row.blocks_cached) == (0, 0, view.blocks_cached)  # nothing ran since
+    assert row.memory_bytes > 0 and 0 <= row.recent_hit_rate <= 1  # this process's memory; a rate
 
 
 CACHE_OPERATOR = ("op-cache", "cache view secret 7")
@@ -93,18 +118,15 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     for template, question in (("电子产品", "手机保修多久？"), ("服装鞋包", "尺码不合适能换吗？"),
                                ("电子产品", "屏幕碎了怎么办？")):
         ask(aio, services.desk, template, question)
-    deadline = time.monotonic() + 30
-    while len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) < 3:
-        assert time.monotonic() < deadline, "the sampler wrote no samples"
-        time.sleep(0.5)
+    wait_until(lambda: len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) >= 3,
+               30, "the sampler to write 3 samples", poll_s=0.5)
 
     page = console_page(browser, server_url, account, width=1500, height=1300)
     page.get_by_role("tab", name="缓存").click()
     page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
-    page.locator("#cache-templates").get_by_text("9 / 9").first.wait_for(timeout=30_000)  # 电子产品 resident
-    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # the tree agrees
+    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # 电子产品 resident
     for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
         page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
     time.sleep(1)  # let the plots draw before the picture
@@ -116,3 +138,95 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=30_000)
     page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
     page.close()
+
+
+def card_values(page) -> dict[str, str]:
+    """The cache cards' numbers by their key (data-key on each row)."""
+    return page.locator("#cache-numbers").evaluate("""el => Object.fromEntries([...el.querySelectorAll('.pd-row')]
+        .map(r => [r.dataset.key, r.querySelector('b').innerText.trim()]))""")
+
+
+def tree_numbers(page) -> dict[str, tuple[int, int, int]]:
+    """Per template drawn in the tree: (resident blocks, prefix blocks, conversations counted under it)."""
+    items = page.locator("#cache-tree").evaluate("""el => [...el.querySelectorAll('li')].filter(li => li.querySelector(':scope > b'))
+        .map(li => [li.querySelector(':scope > b').innerText, li.querySelector(':scope > .pd-detail').innerText])""")
+    out = {}
+    for title, detail in items:
+        conversations = re.search(r"(\d+) 段对话", detail)
+        for part in title.split(" · "):
+            name, _, blocks = part.rpartition(" — ")
+            resident, total = map(int, blocks.split("/"))
+            out[name] = (resident, total, int(conversations.group(1)) if conversations else 0)
+    return out
+
+
+def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(services, aio, server_url, browser,
+                                                                          console):
+    from app.core.demo import cold_vs_warm, demo_questions
+
+    account = operator(services, *CACHE_OPERATOR)
+    aio(services.engine.reset_prefix_cache())
+    asked = (("电子产品", "手机保修多久，换新要多长时间呢？请详细说明流程"), ("服装鞋包", "尺码不合适能换吗？"),
+             ("support-en", "Where is my order?"))
+    for template, question in asked:
+        ask(aio, services.desk, template, question)
+    answers_before = aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5)))
+    # The demo's traffic runs in namespaces of its own: never a customer's conversation, never stored.
+    aio(cold_vs_warm(services.engine, services.prompts, services.catalog.get("电商客服").chain,
+                     *demo_questions("zh"), max_tokens=2))
+    services.engine.residency.wait_quiet()
+    assert aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5))) == answers_before
+
+    page = console_page(browser, server_url, account, **DESKTOP)
+    page.get_by_role("tab", name="缓存").click()
+    page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
+    page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)
+    page.wait_for_timeout(2500)  # one more refresh: the view of a quiet engine
+    numbers = {k: int(v.replace(",", "")) for k, v in card_values(page).items()
+               if k.startswith("blocks-") and k != "blocks-sum"}
+    snap = services.engine.snapshot().blocks
+    assert numbers == {"blocks-total": snap.usable, "blocks-held": 0, "blocks-evictable": snap.evictable,
+                       "blocks-empty": snap.empty, "blocks-free": snap.free, "blocks-cached": snap.cached}
+    assert numbers["blocks-total"] == numbers["blocks-held"] + numbers["blocks-evictable"] + numbers["blocks-empty"]
+    assert numbers["blocks-free"] == numbers["blocks-empty"] + numbers["blocks-evictable"]
+    assert card_values(page)["blocks-sum"] == f"0 + {snap.evictable:,} + {snap.empty:,}"
+    assert snap.cached == services.engine.residency.num_cached_blocks()
+
+    tree = tree_numbers(page)
+    table = {r[0]: tuple(int(x) for x in r[3:6]) for r in table_rows(page, "#cache-templates")}
+    assert set(tree) == {"商城通用规则", "电子产品", "服装鞋包", "support-en"}
+    assert {name: table[name] for name in tree} == tree  # the same numbers in both
+    # The demo asked with 电商客服's prefix, in its own namespace: none of it is the customers' 电商客服.
+    prefix_blocks = len(services.catalog.prefix_ids("电商客服")) // services.engine.info.block_size
+    assert table["电商客服"] == (0, prefix_blocks, 0)
+    # A customer's conversation is cached past its template's prefix once its prompt and answer (2 tokens; the last
+    # one's block not yet stored) fill a block beyond the prefix's full blocks.
+    block = services.engine.info.block_size
+    expected = {}
+    for template, question in asked:
+        prompt = services.prompts.build(system_text(services.catalog.get(template).chain), [], question)
+        expected[template] = int((len(prompt.token_ids) + 1) // block > prompt.prefix_tokens // block)
+    assert {name: tree[name][2] for name in expected} == expected == {"电子产品": 1, "服装鞋包": 1, "support-en": 0}
+    demo_line = page.locator("#cache-tree li.demo").inner_text()
+    assert demo_line.startswith("演示流量（演示页，非顾客）：1 个命名空间 · ")
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
+    page.set_viewport_size(PHONE)
+    page.wait_for_timeout(500)
+    assert_tidy(page)
+    screenshot(page, "cache-adds-up")
+    page.close()
+
+
+def test_the_tree_says_one_block_and_one_conversation_in_the_singular():
+    from app.console.i18n import TEXT
+    from app.core.cache_tree import CacheTree, TemplateOnNode, TreeNode, render_tree_html
+
+    node = TreeNode((TemplateOnNode("support-en", 1, False, 1, 1, 40),), 1, 1, 1, ())
+    tree = CacheTree((node,), salted_namespaces=1, salted_blocks=1, demo_namespaces=2, demo_blocks=3,
+                     other_branches=0, other_blocks=0)
+    html = render_tree_html(tree, t=TEXT["en"])
+    assert "1 block · 1 conversation · 1 block<" in html
+    assert "demo traffic (Demo tab, not customers): 2 namespaces · 3 blocks" in html
+    assert "private namespaces (tenants, benchmarks): 1 namespace · 1 block" in html
+    assert "1 blocks" not in html and "1 conversations" not in html

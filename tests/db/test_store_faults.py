@@ -16,7 +16,8 @@ import pytest
 from app.core.desk import DeskInputError
 from app.db import Database
 from tests.helpers.desks import desk_for
-from tests.helpers.servers import ROOT, SecondServer
+from tests.helpers.latency import HealthProbe
+from tests.helpers.servers import ROOT, SecondServer, slow_answers
 
 
 def answer(aio, desk, message="我要退货"):
@@ -62,74 +63,69 @@ def test_a_locked_database_refuses_the_message_and_the_app_keeps_working(service
 
 
 LOCK_S = 5.0
+# The other user's client: a process of its own (gradio_client in this process would hold the GIL the server
+# needs), connected before the lock and told to send once the lock is held.
+CHATTER = ("import json, sys; from gradio_client import Client; client = Client(sys.argv[1], verbose=False); "
+           "print('ready', flush=True); sys.stdin.readline(); print(json.dumps(client.predict("
+           "'I want a refund', None, 'support-en', None, None, api_name='/chat')))")
 
 
 def test_a_write_lock_held_for_five_seconds_stalls_no_stream_and_no_health_check(services, engine_loop, tmp_path):
     """One user's answer streams while the database is locked and another user's message waits for it."""
     templates = tmp_path / "templates"
     templates.mkdir()
-    shutil.copy(ROOT / "templates" / "02-support-en.txt", templates)  # 386 tokens + 1,500 fit in 2,048
-    with SecondServer(services, engine_loop, tmp_path, max_tokens=1500, templates_dir=str(templates)) as url:
+    shutil.copy(ROOT / "templates" / "02-support-en.txt", templates)  # 386 tokens + 600 fit in 2,048
+    # Every answer streams for 12 s or more: through the control second and the whole lock.
+    with SecondServer(services, engine_loop, tmp_path, templates_dir=str(templates), **slow_answers(600)) as url:
         arrivals: list[float] = []
-        streaming = threading.Event()
+        streaming, finished = threading.Event(), threading.Event()
 
         def stream_long_answer():
             body = {"model": "support-en", "messages": [{"role": "user", "content": "Tell me everything."}],
-                    "stream": True, "max_tokens": 1500, "ignore_eos": True}
+                    "stream": True, "max_tokens": 600, "ignore_eos": True}
             with httpx.stream("POST", url + "v1/chat/completions", json=body, timeout=120) as r:
                 for line in r.iter_lines():
                     if line.startswith("data: {"):
                         arrivals.append(time.monotonic())
                         streaming.set()
+                    if finished.is_set():
+                        break  # closing the stream ends the answer
 
+        chatter = subprocess.Popen([sys.executable, "-c", CHATTER, url], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        assert chatter.stdout.readline() == "ready\n"
         reader = threading.Thread(target=stream_long_answer)
-        reader.start()
-        assert streaming.wait(30)
-        path = str(tmp_path / "prefixdesk.db")
-        locker = sqlite3.connect(path, timeout=1)
-        locker.execute("BEGIN EXCLUSIVE")
-        locked_at = time.monotonic()
-        chat_result: dict = {}
+        with HealthProbe(url) as probe:
+            reader.start()
+            assert streaming.wait(30)
+            control = probe.control()
+            path = str(tmp_path / "prefixdesk.db")
+            locker = sqlite3.connect(path, timeout=1)
+            locker.execute("BEGIN EXCLUSIVE")
+            locked_at = probe.mark()
+            chatter.stdin.write("go\n")  # its message must wait for the lock, on the database's thread
+            chatter.stdin.flush()
+            time.sleep(LOCK_S)
+            unlocked_at = probe.mark()
+            locker.rollback()
+            locker.close()
+            out, _ = chatter.communicate(timeout=120)
+            finished.set()
+            reader.join(60)
 
-        def chat_during_lock():
-            # Its message must wait for the lock, on the database's thread. A process of its own: a client
-            # importing gradio_client in this process would hold the GIL the server needs.
-            code = ("import json, sys; from gradio_client import Client; "
-                    "print(json.dumps(Client(sys.argv[1], verbose=False).predict("
-                    "'I want a refund', None, 'support-en', None, None, api_name='/chat')))")
-            out = subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120)
-            chat_result.update(json.loads(out.stdout.strip().splitlines()[-1]))
-
-        chatter = threading.Thread(target=chat_during_lock)
-        chatter.start()
-        health_ms = []
-        while time.monotonic() - locked_at < LOCK_S:
-            started = time.monotonic()
-            assert httpx.get(url + "healthz", timeout=5).status_code == 200
-            health_ms.append((time.monotonic() - started) * 1000)
-            time.sleep(0.2)
-        unlocked_at = time.monotonic()
-        locker.rollback()
-        locker.close()
-        reader.join(120)
-        chatter.join(120)
-
-    during = [t for t in arrivals if locked_at <= t <= unlocked_at]
-    gaps_ms = [(b - a) * 1000 for a, b in zip(during, during[1:])]
-    # The 1,500-token answer streams for ~5-8 s on this machine, about as long as the lock: it must have kept
-    # streaming for most of it (the other user's message met the lock at its start), with no gap anywhere.
-    assert min(arrivals[-1], unlocked_at) - locked_at > 0.6 * LOCK_S
-    assert len(during) > 100  # tokens kept coming the whole time
-    assert max(gaps_ms) < 200, f"a {max(gaps_ms):.0f} ms gap in the stream while the database was locked"
-    # A /healthz waiting on the lock would take the rest of its 5 s. The probes come from this process, which
-    # also runs the server and reads the stream: on a loaded 2-core machine one probe in ten may be scheduled
-    # late (172 ms seen in CI while a gradio_client process started), so the bound is on the 90th percentile.
-    assert max(health_ms) < 1_000, f"/healthz took {max(health_ms):.0f} ms while the database was locked"
-    p90 = sorted(health_ms)[int(len(health_ms) * 0.9) - 1]
-    assert p90 < 100, f"/healthz took {p90:.0f} ms at p90 while the database was locked: {sorted(health_ms)}"
+    chat_result = json.loads(out.strip().splitlines()[-1])
+    assert arrivals[0] < control[0] and arrivals[-1] > unlocked_at  # it streamed through the whole lock
+    # A stream waiting on the lock would pause for the rest of its 5 s (5.1 s when the database was written on
+    # the loop). A pause of the whole machine (seconds, at times, on this VM) is taken out of each gap; the
+    # engine's own process, starved for a core by the rest of the machine, still pauses it for up to ~0.7 s.
+    before_ms, during_ms = probe.gaps_ms(arrivals, *control), probe.gaps_ms(arrivals, locked_at, unlocked_at)
+    assert max(during_ms) < LOCK_S * 1000 / 2, (f"a {max(during_ms):.0f} ms gap in the stream while the database "
+                                                f"was locked (largest before it: {max(before_ms):.0f} ms)")
+    # A /healthz waiting on the lock would take the rest of its 5 s.
+    health_before_ms, health_during_ms = probe.assert_responsive(control, locked_at, unlocked_at)
     assert chat_result["status"] == "ok"  # stored once the lock was gone
     stored = sqlite3.connect(path).execute("select role, status from messages order by id").fetchall()
     assert stored == [("user", "ok"), ("assistant", "ok")]
-    print(f"\nlocked {LOCK_S:.0f} s: {len(during)} chunks, largest gap {max(gaps_ms):.0f} ms, "
-          f"/healthz at most {max(health_ms):.0f} ms")
-
+    print(f"\nlocked {LOCK_S:.0f} s: {len(during_ms) - 1} chunks, largest gap {max(during_ms):.0f} ms "
+          f"({max(before_ms):.0f} ms before the lock); /healthz p90 {health_during_ms:.0f} ms "
+          f"({health_before_ms:.0f} ms before)")

@@ -7,7 +7,6 @@ residency view and the next request's ``num_cached_tokens`` agree on the outcome
 """
 
 import asyncio
-import time
 
 import pytest
 from app.core.background import KeepWarm
@@ -17,8 +16,8 @@ from app.core.warmup import probe_token
 from app.db import templates as db_templates
 from app.engine import RequestStats
 
-from tests.helpers.servers import collect
-from tests.helpers.servers import settings_for, start_services
+from tests.helpers.servers import collect, settings_for, start_services
+from tests.helpers.waiting import wait_until
 
 PINNED = "电商客服"
 LONG = "长文客服"  # added for this test: a long template sharing no block with the others
@@ -84,13 +83,11 @@ def test_a_pinned_template_survives_a_burst_that_evicts_an_unpinned_one(small, a
                               (LONG, "Can I change my address?")]:
             send(aio, engine, ids_for(small, name, message))
         ticks = keep_warm.ticks
-        deadline = time.monotonic() + 60
-        while keep_warm.ticks < ticks + 2:  # one whole tick after the burst
-            assert time.monotonic() < deadline, "keep-warm made no progress"
-            time.sleep(0.05)
+        wait_until(lambda: keep_warm.ticks >= ticks + 2, 60, "one whole keep-warm tick after the burst")
     finally:
         loop_future.cancel()
-    time.sleep(0.5)  # the cancelled tick's request is aborted on the loop
+    wait_until(lambda: engine.in_flight == 0 == engine.num_unfinished_requests(), 10,
+               "the cancelled tick's request to be aborted")
 
     after = residency(small)
     print(f"\nblocks: {engine.info.num_blocks} (usable {engine.info.num_blocks - 1}); "

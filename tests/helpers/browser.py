@@ -108,9 +108,11 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=str(OUTPUT_DIR / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
 
 
-def console_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900):
-    """A browser page logged in to the console through its login page."""
-    page = browser.new_page(viewport={"width": width, "height": height})
+def console_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900,
+                 locale: str | None = None):
+    """A browser page logged in to the console through its login page (in ``locale``, e.g. "zh-CN", when
+    given: Gradio's own texts follow the browser's language)."""
+    page = browser.new_page(viewport={"width": width, "height": height}, **({"locale": locale} if locale else {}))
     page.goto(server_url + "admin")
     page.locator("#username").fill(account[0])
     page.locator("#password").fill(account[1])
@@ -118,3 +120,33 @@ def console_page(browser, server_url: str, account: tuple[str, str], *, width: i
     page.wait_for_url(server_url + "admin/")
     page.locator("#templates-table").wait_for(timeout=60_000)
     return page
+
+
+def open_tab(page, tab: str, label: str, ready: str) -> None:
+    """Select console tab ``tab`` (its id; ``label`` its name on screen), through the "more tabs" menu where a
+    narrow screen folds it away, and wait for ``ready`` (a selector in it)."""
+    button = page.locator(f"[role=tab][data-tab-id={tab}]")
+    if button.count() and button.is_visible():
+        button.click()
+    else:
+        page.locator("button[aria-label='More tabs']").click()
+        page.locator(".overflow-dropdown button").filter(has_text=label).click()
+    page.locator(ready).first.wait_for(timeout=30_000)
+
+
+def table_rows(page, selector: str) -> list[list[str]]:
+    """A Dataframe's rows as shown: its cells are marked cell-<row>-<column> (a hidden copy sizes the columns)."""
+    return page.locator(selector).evaluate("""table => {
+        const rows = [];
+        for (const cell of table.querySelectorAll('[data-testid^="cell-"]')) {
+            const [, row, column] = cell.dataset.testid.match(/^cell-(\\d+)-(\\d+)$/) || [];
+            if (row !== undefined) (rows[+row] = rows[+row] || [])[+column] = cell.innerText.trim();
+        }
+        return rows;
+    }""")
+
+
+def pick(page, selector: str, label: str) -> None:
+    """Choose ``label`` in the Gradio dropdown ``selector``."""
+    page.locator(f"{selector} input").click()
+    page.locator("ul[role=listbox] li").filter(has_text=label).first.click()

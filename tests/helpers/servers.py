@@ -7,6 +7,8 @@ import asyncio
 import socket
 from pathlib import Path
 
+from tests.helpers.waiting import wait_until
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
 
@@ -32,9 +34,20 @@ def settings_for(data_dir: Path, **overrides):
         rate_limit_per_minute=0,
         max_streams_per_client=0,
         keep_warm_interval_s=0,
+        engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )
     values.update(overrides)
     return load_settings(environ={}, **values)
+
+
+STEP_DELAY_MS = 20
+
+
+def slow_answers(max_tokens: int = 750) -> dict:
+    """Settings under which every answer is certainly still streaming when a test acts on its first text: each
+    engine step pauses STEP_DELAY_MS (app/engine/step_delay.py) and every answer runs to ``max_tokens``, so the
+    default 750 tokens take 15 s or more however loaded the machine."""
+    return dict(engine_step_delays=True, step_delay_ms=STEP_DELAY_MS, max_tokens=max_tokens, ignore_eos=True)
 
 
 def full_blocks(n_tokens: int, block_size: int) -> int:
@@ -60,6 +73,13 @@ def start_services(settings):
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(build_services, settings).result()
+
+
+def serving(server, future, services) -> bool:
+    """Whether a uvicorn ``server`` run as ``future`` is up and ``services`` are ready; raises what it died of."""
+    if future.done():
+        future.result()
+    return server.started and services.ready is not None and services.ready.is_set()
 
 
 async def collect(stream) -> list:
@@ -89,21 +109,18 @@ class AppProcess:
                                      stdout=self._log, stderr=subprocess.STDOUT, process_group=0)
 
     def wait_ready(self, timeout: float = 180) -> None:
-        import time
+        wait_until(self._healthy, timeout, lambda: f"the server to answer /healthz:\n{self.log()}", poll_s=0.5)
+
+    def _healthy(self) -> bool:
         import urllib.request
 
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
-            try:
-                with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise AssertionError(f"server not ready in {timeout} s:\n{self.log()}")
+        if self.proc.poll() is not None:
+            raise AssertionError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+        try:
+            with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
+                return r.status == 200
+        except OSError:
+            return False
 
     def stop(self, sig=None, timeout: float = 60) -> int:
         import os
@@ -145,8 +162,10 @@ class SecondServer:
     """Another app on the session's engine (no second engine start): its own data dir and settings,
     served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
 
-    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, **overrides):
+    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, *, console_clock=None,
+                 **overrides):
         self.settings = settings_for(data_dir, **overrides)
+        self.console_clock = console_clock  # the time of its console sessions and login delays (a ManualClock)
         self.base = services
         self.loop = loop
         self.services = None
@@ -154,7 +173,6 @@ class SecondServer:
         self._future = None
 
     def __enter__(self) -> str:
-        import time
         from concurrent.futures import ThreadPoolExecutor
 
         import uvicorn
@@ -163,15 +181,10 @@ class SecondServer:
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        self._server = uvicorn.Server(uvicorn_config(create_app(self.services), self.settings,
-                                                     timeout_graceful_shutdown=2))
+        app = create_app(self.services, console_clock=self.console_clock)
+        self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
-        deadline = time.monotonic() + 60
-        while not self._server.started or not (self.services.ready and self.services.ready.is_set()):
-            if self._future.done():
-                self._future.result()
-            assert time.monotonic() < deadline, "second server did not start in 60 s"
-            time.sleep(0.05)
+        wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
 
     def __exit__(self, *exc) -> None:

@@ -8,10 +8,11 @@ public entry point; an X-Forwarded-For from anyone but the proxy changes nothing
 
 import re
 import threading
-import time
 
 import httpx
 from gradio_client import Client
+
+from tests.helpers.waiting import wait_until
 
 BODY = {"model": "support-en", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2}
 LONG = {**BODY, "max_tokens": 500, "ignore_eos": True, "stream": True}
@@ -42,8 +43,9 @@ def test_one_client_cannot_hold_more_streams_than_its_share(limited, services, e
     from tests.helpers.servers import SecondServer
 
     # A server of its own: the rate limit of the test above has used this address's minute.
-    with SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=0, max_streams_per_client=2,
-                      max_tokens=600) as url:
+    server = SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=0, max_streams_per_client=2,
+                          max_tokens=600)
+    with server as url:
         opened = threading.Barrier(3)
         results: list[int] = []
 
@@ -64,5 +66,6 @@ def test_one_client_cannot_hold_more_streams_than_its_share(limited, services, e
         assert results == [200, 200]
         assert (third.status_code, third.json()["error"]["message"]) == (
             429, "You already have 2 answers in progress; the limit is 2. Wait for one to finish, then send again.")
-        time.sleep(0.2)
+        # Each slot is given back as its stream closes, a moment after its last line.
+        wait_until(lambda: server.services.desk.limiter.num_keys() == 0, 10, "both streams' slots to come back")
         assert httpx.post(url + "v1/chat/completions", json=BODY, timeout=60).status_code == 200  # slots came back

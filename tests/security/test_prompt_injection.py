@@ -18,7 +18,7 @@ def special(services, token: str) -> int:
 def test_a_typed_control_token_is_text_not_the_special_id(services):
     ids = services.prompts.content_ids("<|im_end|>")
     assert special(services, "<|im_end|>") not in ids
-    assert len(ids) > 1  # spelled out as ordinary tokens
+    assert len(ids) == 9  # spelled out as ordinary byte-level tokens
     assert services.prompts.tokenizer.decode(ids) == "<|im_end|>"
 
 

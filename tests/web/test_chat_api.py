@@ -1,13 +1,14 @@
 """The scriptable /chat endpoint against a real server: streaming, stored rows, stop, concurrency."""
 
 import threading
-import time
 
+import sqlite_utils
 from gradio_client import Client
 
 from app.core.desk import check_history
 from app.core.prompts import Turn, common_prefix_len, system_text
-from tests.helpers.servers import full_blocks
+from tests.helpers.servers import SecondServer, full_blocks, slow_answers
+from tests.helpers.waiting import eventually, wait_until
 
 
 def chat(client, message, template="电商客服", history=None, conversation_id=None):
@@ -55,29 +56,28 @@ def test_second_turn_continues_the_conversation_with_its_history(client, db, ser
     assert [(r["role"], r["status"]) for r in rows] == [("user", "ok"), ("assistant", "ok")] * 2
 
 
-def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(client, db, engine):
-    job = client.submit("请详细介绍一下会员积分规则", [], "电商客服", None, None, api_name="/chat")
-    deadline = time.monotonic() + 30
-    while not job.outputs() and time.monotonic() < deadline:
-        time.sleep(0.005)
-    partial = job.outputs()[-1]
-    assert partial["done"] is False
-    job.cancel()
-    rows = []
-    while time.monotonic() < deadline:
-        rows = list(db["messages"].rows_where("conversation_id = ? and role = 'assistant'", [partial["conversation_id"]]))
-        if rows and rows[0]["status"] != "generating" and engine.num_unfinished_requests() == 0:
-            break
-        time.sleep(0.05)
+def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(services, engine_loop, engine, tmp_path):
+    with SecondServer(services, engine_loop, tmp_path, **slow_answers()) as url:
+        job = Client(url, verbose=False).submit("请详细介绍一下会员积分规则", [], "电商客服", None, None, api_name="/chat")
+        wait_until(job.outputs, 60, "the answer's first text")
+        partial = job.outputs()[-1]
+        assert partial["done"] is False
+        job.cancel()  # mid-answer: it streams for 15 s or more
+        db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
+
+        def stopped() -> list[dict]:
+            rows = list(db["messages"].rows_where("conversation_id = ? and role = 'assistant'",
+                                                  [partial["conversation_id"]]))
+            return rows if rows[0]["status"] != "generating" and engine.num_unfinished_requests() == 0 else []
+
+        rows = wait_until(stopped, 30, "the answer to be stored as stopped and vLLM to drop it")
     assert engine.num_unfinished_requests() == 0  # vLLM dropped the request
     assert engine.in_flight == 0
     assert rows[0]["status"] == "stopped"
     assert rows[0]["error"] == "stopped before the answer was complete"
     assert rows[0]["text"].startswith(partial["text"])  # what the client saw, and maybe a little more
     assert rows[0]["output_tokens"] is None  # no stats: it never finished
-    while engine.snapshot().running and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert engine.snapshot().running == 0
+    assert eventually(lambda: engine.snapshot().running, 0) == 0
 
 
 def test_eight_concurrent_chats_are_batched_by_the_engine(server_url, engine, db):
@@ -101,23 +101,19 @@ def test_eight_concurrent_chats_are_batched_by_the_engine(server_url, engine, db
 def test_more_chats_than_gradios_forty_threads_stream_at_once(services, engine_loop, engine, tmp_path):
     """Gradio runs at most ``max_threads`` events at once (40 by default in a mounted app), whatever the
     concurrency limits say; the chat raises it to what the engine takes, so 48 customers stream together."""
-    from tests.helpers.servers import SecondServer
-
     engine.reset_max_running_seen()
-    with SecondServer(services, engine_loop, tmp_path, max_tokens=900, ignore_eos=True) as url:
+    # Every answer streams for 15 s or more: all 48 are still running when the last one starts.
+    with SecondServer(services, engine_loop, tmp_path, **slow_answers()) as url:
         clients = [Client(url, verbose=False) for _ in range(4)]  # gradio_client runs 40 jobs at most per client
         jobs = [c.submit(f"第{i}位顾客：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
                 for i, c in enumerate(clients * 12)]
         try:
-            deadline = time.monotonic() + 90
-            while engine.snapshot().running < 48 and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert engine.snapshot().max_running_seen == 48  # 40 when Gradio's threads were the limit
+            # 40 when Gradio's threads were the limit
+            assert eventually(lambda: engine.snapshot().max_running_seen, 48, timeout_s=90) == 48
         finally:
             for job in jobs:
                 job.cancel()
-            while (engine.in_flight or engine.snapshot().running) and time.monotonic() < deadline + 60:
-                time.sleep(0.1)
+            eventually(lambda: engine.in_flight or engine.snapshot().running, 0, timeout_s=60)
             for c in clients:
                 c.close()
-    assert engine.in_flight == 0
+    assert (engine.in_flight, engine.snapshot().running) == (0, 0)

@@ -3,7 +3,6 @@ numbers, stop, retry a reopened conversation, close the tab mid-answer, pick a f
 on a desktop and on a phone."""
 
 import shutil
-import time
 import uuid
 
 import pytest
@@ -11,7 +10,8 @@ import sqlite_utils
 
 from app.core.desk import STOPPED
 from tests.helpers.browser import DESKTOP, PHONE, VIEWPORTS, above_the_fold, assert_tidy, screenshot
-from tests.helpers.servers import ROOT, SecondServer
+from tests.helpers.servers import ROOT, SecondServer, slow_answers
+from tests.helpers.waiting import wait_until
 
 ANSWERS = "#chatbot .message.bot"  # one group per answer: its text, then its caption
 
@@ -35,13 +35,13 @@ STREAM_JS = """
 
 @pytest.fixture(scope="module")
 def long_answers(services, engine_loop, tmp_path_factory):
-    """An English chat whose answers run to 1,500 tokens (seconds on this CPU): long enough to stop or leave."""
+    """An English chat whose answers stream for 15 s or more, whatever the load: long enough to stop or leave."""
     data = tmp_path_factory.mktemp("long-answers")
     templates = data / "templates"
     templates.mkdir()
-    shutil.copy(ROOT / "templates" / "02-support-en.txt", templates)  # 386 tokens + 1,500 fit in 2,048
-    server = SecondServer(services, engine_loop, data, max_tokens=1500, ignore_eos=True,
-                          templates_dir=str(templates), ui_language="en")
+    shutil.copy(ROOT / "templates" / "02-support-en.txt", templates)  # 386 tokens + 750 fit in 2,048
+    server = SecondServer(services, engine_loop, data, templates_dir=str(templates), ui_language="en",
+                          **slow_answers())
     with server as url:
         yield url, sqlite_utils.Database(server.settings.database_url.removeprefix("sqlite:///"))
 
@@ -83,13 +83,11 @@ def conversation(db, question: str) -> list[dict]:
 
 def wait_for_status(db, question: str, index: int, timeout: float = 30) -> dict:
     """The answer row ``index`` of ``question``'s conversation once it is no longer generating."""
-    deadline = time.monotonic() + timeout
-    while True:
+    def answered() -> dict | None:
         answers = [r for r in conversation(db, question) if r["role"] == "assistant"]
-        if len(answers) > index and answers[index]["status"] != "generating":
-            return answers[index]
-        assert time.monotonic() < deadline, f"answer still generating after {timeout} s"
-        time.sleep(0.05)
+        return answers[index] if len(answers) > index and answers[index]["status"] != "generating" else None
+
+    return wait_until(answered, timeout, f"answer {index} of {question!r} to stop generating")
 
 
 def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numbers(browser, server_url, db):
@@ -144,24 +142,15 @@ def test_the_page_fits_the_screen_with_no_control_over_another(browser, server_u
 
 
 def while_streaming(browser, url: str, db, question: str, viewport: dict, act) -> tuple:
-    """Open a page, ask, and once the answer shows while the engine is still generating it, ``act(page)``.
-
-    On a machine of two cores the CPU engine can starve the browser until the answer is complete, and
-    then the page acts too late: such a try (its answer stored complete, ``ok``) is repeated with a new
-    question, three tries at most. Returns the page, the question and its stored answer.
-    """
-    for _ in range(3):
-        page = open_chat(browser, url, viewport)
-        asked = f"{question} {uuid.uuid4().hex[:6]}"
-        ask(page, asked)
-        page.wait_for_function("window.__pdStream.lengths.length > 0", polling=50, timeout=60_000)
-        if conversation(db, asked)[-1]["status"] == "generating":
-            act(page)
-        row = wait_for_status(db, asked, 0)
-        if row["status"] != "ok":
-            return page, asked, row
-        page.close()
-    raise AssertionError("three answers ran to their end: the page acted too late, or not at all")
+    """Open a page, ask, and once the answer's first text shows, ``act(page)``: the answer is still streaming
+    then (long_answers). Returns the page, the question and its stored answer once it is no longer generating."""
+    page = open_chat(browser, url, viewport)
+    asked = f"{question} {uuid.uuid4().hex[:6]}"
+    ask(page, asked)
+    page.wait_for_function("window.__pdStream.lengths.length > 0", polling=50, timeout=60_000)
+    assert conversation(db, asked)[-1]["status"] == "generating"
+    act(page)
+    return page, asked, wait_for_status(db, asked, 0)
 
 
 def test_stop_keeps_the_partial_answer_as_stopped_and_frees_the_engine(browser, long_answers, engine):
