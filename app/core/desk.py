@@ -20,13 +20,15 @@ import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
+from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
 from app.core.limits import ClientLimiter, RateLimited
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.routing import routing_key
+from app.core.session_keys import MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
 from app.db import conversations as db_conversations
 from app.db.models import utcnow
@@ -50,6 +52,15 @@ class DeskInputError(ValueError):
 
 
 @dataclass(frozen=True)
+class Admitted:
+    """A message the desk has taken in (``Desk.admit``): counted against its sender's rate, within the
+    size limit, cleaned. Pass it to ``Desk.answer`` in place of the text to answer it."""
+
+    client: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Progress:
     """The answer so far (the whole text, not a delta)."""
 
@@ -59,7 +70,8 @@ class Progress:
 
 @dataclass(frozen=True)
 class Finished:
-    """The stored answer row (status ok, stopped or error) and how the prompt was fitted.
+    """The stored answer row (status ok, stopped or error), the same row as the customer may see it
+    (app/core/cache_figures.py), and how the prompt was fitted.
 
     When a person answers the conversation (``handoff`` "waiting" or "person") nothing was generated:
     ``message`` is then no stored row but a notice of status WITH_PERSON whose id is the customer's
@@ -67,6 +79,7 @@ class Finished:
     """
 
     message: MessageRow
+    customer: MessageRow
     dropped_turns: int = 0
     handoff: str = ""
 
@@ -101,6 +114,15 @@ class Desk:
     def prefix_ids(self, template: TemplateInfo) -> tuple[int, ...]:
         return self.catalog.prefix_ids(template.name)
 
+    def shared_tokens(self, template_name: str) -> int:
+        """Tokens of the template's prefix in whole KV blocks: what all its customers share (0 when it is
+        no longer published)."""
+        try:
+            num_prefix_tokens = len(self.catalog.prefix_ids(template_name))
+        except KeyError:
+            return 0
+        return shared_prefix_tokens(num_prefix_tokens, self.engine.info.block_size)
+
     def customer_template(self, name: str) -> TemplateInfo:
         """A template a customer may chat with; raises DeskInputError naming the ones there are."""
         try:
@@ -118,13 +140,28 @@ class Desk:
             return self.prompts.build(system_text(template.chain), history, message)
         return await asyncio.to_thread(self.prompts.build, system_text(template.chain), list(history), message)
 
+    def admit(self, *, client: str, message: object) -> Admitted:
+        """Take in a message from ``client``, before anything reads or keeps it: its type, then the client's
+        rate (a refused message costs its sender a turn like any other, so a flood of them stops at the
+        limit), then its size, all checked before the text is even cleaned. Raises DeskInputError."""
+        if not isinstance(message, str):
+            raise DeskInputError("The message must be text.")
+        self._check_rate(client)
+        if len(message) > MAX_MESSAGE_CHARS:
+            raise DeskInputError(f"This message has {len(message):,} characters; the limit is "
+                                 f"{MAX_MESSAGE_CHARS:,}. Please shorten it or split it into several messages.")
+        text = clean_text(message).strip()
+        if not text:
+            raise DeskInputError("Please type a question before sending.")
+        return Admitted(client, text)
+
     async def answer(
         self,
         *,
         session_key: str,
         client: str,
         template_name: str,
-        message: str,
+        message: str | Admitted,
         history: Sequence[Turn] | None = None,
         conversation_id: int | None = None,
         tenant: str = "",
@@ -133,20 +170,19 @@ class Desk:
     ) -> AsyncIterator[Progress | Finished]:
         """Stream ``Progress`` events, then exactly one ``Finished`` with the stored answer.
 
-        ``history`` is the context as the caller holds it; None means the stored conversation.
+        ``message`` is the text, or what ``admit`` made of it (a caller that must know before it keeps
+        anything). ``history`` is the context as the caller holds it; None means the stored conversation.
         Raises DeskInputError (nothing stored) for bad input, a limit, or an unknown template or
         conversation. Every later failure is stored with the answer and reported in Finished.
         """
-        message = clean_text(message).strip()
-        if not message:
-            raise DeskInputError("Please type a question before sending.")
-        if len(message) > MAX_MESSAGE_CHARS:
-            raise DeskInputError(f"This message has {len(message):,} characters; the limit is "
-                                 f"{MAX_MESSAGE_CHARS:,}. Please shorten it or split it into several messages.")
+        admitted = message if isinstance(message, Admitted) else self.admit(client=client, message=message)
+        assert admitted.client == client, "a message admitted for another client"
+        message = admitted.text
+        if not 0 < len(session_key) <= MAX_SESSION_KEY_CHARS:
+            raise DeskInputError("This session is not valid; reload the page and send the message again.")
         if history is not None:
             history = check_history(history)
         template = self.customer_template(template_name)
-        self._check_rate(client)
         if conversation_id is not None:
             state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
             if state is None or state.session_key != session_key:
@@ -197,10 +233,14 @@ class Desk:
             yield event
 
     async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
-        """The stored messages of a conversation this browser owns, or None."""
-        if await self._read(db_conversations.owner, conversation_id=conversation_id) != session_key:
+        """The stored messages of a conversation this browser owns, as its customer may see them
+        (cached-token figures capped: app/core/cache_figures.py), or None."""
+        header = await self._read(db_conversations.header, conversation_id=conversation_id)
+        if header is None or header.session_key != session_key:
             return None
-        return await self._read(db_conversations.messages, conversation_id=conversation_id)
+        rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
+        shared = self.shared_tokens(header.template)
+        return [_for_customer(m, shared, own_namespace=bool(header.tenant)) for m in rows]
 
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
@@ -262,7 +302,9 @@ class Desk:
             await self._finish(turn.answer_id, AnswerResult(
                 text=text, status="error", error="internal error; the answer was not completed"))
             raise
-        yield Finished(await self._finish(turn.answer_id, result), dropped)
+        stored = await self._finish(turn.answer_id, result)
+        yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
+                       dropped)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
         """``template`` at a conversation's own version (None: the published one)."""
@@ -302,7 +344,7 @@ def _with_person(conversation_id: int, message_id: int, version_id: int | None, 
                         error=PERSON_NOTICE, template_version_id=version_id, prompt_tokens=None,
                         num_cached_tokens=None, ttft_ms=None, output_tokens=None, decode_tokens_per_s=None,
                         replica=None, created_at=utcnow())
-    return Finished(notice, handoff=handoff)
+    return Finished(notice, notice, handoff=handoff)
 
 
 def check_history(history: Sequence[Turn]) -> list[Turn]:
@@ -327,6 +369,11 @@ def clean_text(text: str) -> str:
     if any("\ud800" <= ch <= "\udfff" for ch in text):
         text = text.encode("utf-8", "replace").decode("utf-8", "replace")
     return "".join(ch for ch in text if ch in "\n\t" or ch.isprintable() or ch == " ")
+
+
+def _for_customer(m: MessageRow, shared_tokens: int, *, own_namespace: bool) -> MessageRow:
+    shown = shown_cached_tokens(m.num_cached_tokens, shared_tokens=shared_tokens, own_namespace=own_namespace)
+    return m if shown == m.num_cached_tokens else replace(m, num_cached_tokens=shown)
 
 
 def _result(text: str, status: str, error: str | None, stats: RequestStats) -> AnswerResult:

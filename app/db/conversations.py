@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from app.db import audit
 from app.db.models import Conversation, Message, Rating, Template, utcnow
-from app.db.rows import AnswerResult, ConversationRow, ConversationState, MessageRow, TurnIds
+from app.db.rows import AnswerResult, ConversationHeader, ConversationRow, ConversationState, MessageRow, TurnIds
 
 TITLE_CHARS = 60
 MAX_REASON_CHARS = 500
@@ -53,6 +53,14 @@ class WithPerson(LookupError):
 def owner(s: Session, *, conversation_id: int) -> str | None:
     """The session key that owns the conversation, or None when it does not exist."""
     return s.scalar(select(Conversation.session_key).where(Conversation.id == conversation_id))
+
+
+def header(s: Session, *, conversation_id: int) -> ConversationHeader | None:
+    """The conversation's owner, template name and tenant, or None when it does not exist."""
+    row = s.execute(select(Conversation.session_key, Template.name, Conversation.tenant)
+                    .join(Template, Conversation.template_id == Template.id)
+                    .where(Conversation.id == conversation_id)).first()
+    return None if row is None else ConversationHeader(*row)
 
 
 def list_for(s: Session, *, session_key: str, limit: int = 50) -> list[ConversationRow]:

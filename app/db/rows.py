@@ -74,6 +74,15 @@ class MessageRow:
 
 
 @dataclass(frozen=True)
+class ConversationHeader:
+    """Who owns a conversation, and what it runs on."""
+
+    session_key: str
+    template: str
+    tenant: str
+
+
+@dataclass(frozen=True)
 class ConversationRow:
     id: int
     title: str

@@ -2,14 +2,17 @@
 
 The conversation a customer sees is rebuilt from the database after every answer and kept in
 server-side state; the chatbot is only ever an output, so no value a browser sends is echoed back
-as a component value (Gradio would serve a file named in such a value). Handlers stay thin:
-they translate between Gradio's values and the Desk's events.
+as a component value (Gradio would serve a file named in such a value). Every text in it is shown
+as text: the chatbot renders no Markdown, and HTML in a message is escaped, so no message can
+draw a form or fetch an image. Nothing a browser sends is kept before the desk has taken it in:
+a refused message leaves the conversation state as it was. Handlers stay thin: they check the
+session key (app/core/session_keys.py) and translate between Gradio's values and the Desk's events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import uuid
+import html
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -19,6 +22,7 @@ import gradio as gr
 from app.core.callers import ProxyTrust, TenantRefused
 from app.core.desk import Desk, DeskInputError, Finished, Progress
 from app.core.prompts import Turn
+from app.core.session_keys import SessionKeys
 from app.db.rows import MessageRow
 from app.engine import EngineInfo
 from app.web.chat_text import TEXT, caption_details, caption_title
@@ -28,15 +32,19 @@ STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stor
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 UI_UPDATE_INTERVAL_S = 0.1
 
+_SKIP = object()  # an output left as it is (gr.skip())
+
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
 # The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
 JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 
 
-def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, trust: ProxyTrust,
-               model_name: str) -> gr.Blocks:
-    """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
+def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,
+               trust: ProxyTrust, model_name: str) -> gr.Blocks:
+    """The chat page. ``browser_secret`` encrypts the browser's copy of its session key (every page
+    carries it: it is no secret from the browser); ``keys`` issues and checks the session keys. Both
+    must outlive restarts."""
     t = TEXT[language]
 
     def caller_of(request: gr.Request | None):
@@ -50,59 +58,70 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return gr.update(choices=names, value=names[0] if names else None)
 
     async def on_load(session_key: str):
-        session_key = session_key or uuid.uuid4().hex
-        return session_key, picker(), await _conversation_choices(desk, session_key, t)
+        key = keys.browser(session_key) or keys.mint_browser()
+        return key, picker(), await _conversation_choices(desk, key, t)
 
-    async def on_screen(request, base: list, conversation_id, session_key: str, box, answer):
-        """Chat outputs while ``answer(caller)`` runs: the question at once (``box`` is the message box's new
-        value), then the answer as it streams, then the stored conversation."""
+    async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, box, restore):
+        """Chat outputs while the desk's ``events`` run: the question at once (``box`` is the message box's new
+        value), then the answer as it streams, then the stored conversation. A refusal shows the conversation
+        as it was (``shown``) with the desk's notice, and puts ``restore`` back in the message box."""
+        events = _Ahead(events)
         try:
-            caller = caller_of(request)
-        except TenantRefused as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, box)
-            return
-        events = _Ahead(answer(caller))
-        try:
-            yield _out(base, conversation_id, session_key, box)
+            yield _screen(base, session_key=session_key, box=box)
             async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
                 yield update
         except DeskInputError as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+            yield _screen(shown + [_notice(str(exc), t)], box=restore)
         finally:
             await events.aclose()
 
     async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
                    request: gr.Request):
-        session_key = session_key or uuid.uuid4().hex
-        question = (message or "").strip()
-        base = list(shown or [])
-        if not question:
-            yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
+        shown = list(shown or [])
+        if message is None or (isinstance(message, str) and not message.strip()):
+            yield _screen(shown + [_notice(t["empty"], t)])
             return
-        base.append({"role": "user", "content": question})
-        async for update in on_screen(request, base, conversation_id, session_key, "",
-                                      lambda caller: desk.answer(session_key=session_key, client=caller.address,
-                                                                 template_name=template, message=question,
-                                                                 conversation_id=conversation_id,
-                                                                 tenant=caller.tenant)):
+        try:  # type, rate and size, before anything keeps the message
+            caller = caller_of(request)
+            admitted = desk.admit(client=caller.address, message=message)
+        except (TenantRefused, DeskInputError) as exc:
+            yield _screen(shown + [_notice(str(exc), t)])
+            return
+        key = keys.browser(session_key)
+        if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
+            key = keys.mint_browser()
+            yield _screen([_notice(t["expired"], t)], shown=[], conversation_id=None, session_key=key,
+                          conversations=await _conversation_choices(desk, key, t))
+            return
+        events = desk.answer(session_key=key, client=caller.address, template_name=template, message=admitted,
+                             conversation_id=conversation_id, tenant=caller.tenant)
+        base = shown + [{"role": "user", "content": as_text(admitted.text)}]
+        async for update in on_screen(shown, base, conversation_id, key, events, box="", restore=message):
             yield update
 
     async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
-        if conversation_id is None:
-            yield _out(list(shown or []) + [_notice(t["nothing_to_retry"], t)], None, session_key, gr.skip())
+        shown = list(shown or [])
+        key = keys.browser(session_key)
+        if conversation_id is None or key is None:
+            yield _screen(shown + [_notice(t["nothing_to_retry"], t)])
             return
-        rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
+        try:
+            caller = caller_of(request)
+        except TenantRefused as exc:
+            yield _screen(shown + [_notice(str(exc), t)])
+            return
+        rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        async for update in on_screen(request, base, conversation_id, session_key, gr.skip(),
-                                      lambda caller: desk.retry(session_key=session_key, client=caller.address,
-                                                                conversation_id=conversation_id,
-                                                                tenant=caller.tenant)):
+        events = desk.retry(session_key=key, client=caller.address, conversation_id=conversation_id,
+                            tenant=caller.tenant)
+        async for update in on_screen(shown, base, conversation_id, key, events, box=gr.skip(), restore=gr.skip()):
             yield update
 
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
         # The cancelled answer stores itself as stopped; show the stored conversation once it has.
-        if conversation_id is None:
+        session_key = keys.browser(session_key)
+        if conversation_id is None or session_key is None:
             return gr.skip(), gr.skip()
         deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
         while True:
@@ -114,8 +133,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages
 
     async def open_conversation(conversation_id: int | None, session_key: str):
-        rows = None if conversation_id is None else await desk.conversation(session_key=session_key,
-                                                                              conversation_id=conversation_id)
+        session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
+        rows = None if conversation_id is None or session_key is None else await desk.conversation(
+            session_key=session_key, conversation_id=conversation_id)
         if rows is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         messages = _history_messages(rows, t, language)
@@ -129,7 +149,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         try:
             args = _api_args(message, history, template, conversation_id, tenant, t)
             caller = caller_of(request)
-            async for event in desk.answer(session_key=f"api-{request.session_hash}", client=caller.address,
+            async for event in desk.answer(session_key=keys.api(request.session_hash), client=caller.address,
                                            template_name=args[2], message=args[0], history=args[1],
                                            conversation_id=args[3], tenant=caller.tenant):
                 if isinstance(event, Progress):
@@ -152,8 +172,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
             if info.is_demo_model:
                 gr.Markdown(t["demo"], elem_id="demo-notice")
+        # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
+        # forms) is only the second line.
         chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
-                             layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True)
+                             layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True,
+                             render_markdown=False, latex_delimiters=[], sanitize_html=True)
         with gr.Row(elem_id="pd-composer", equal_height=True):
             box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
                              max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
@@ -231,7 +254,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
         if isinstance(event, Progress):
             next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
             known, conversation_id = conversation_id, event.conversation_id
-            yield (base + [{"role": "assistant", "content": event.text}], gr.skip(),
+            yield (base + [{"role": "assistant", "content": as_text(event.text)}], gr.skip(),
                    gr.skip() if known == conversation_id else conversation_id, gr.skip(), gr.skip(), gr.skip())
         elif isinstance(event, Finished):
             rows = await desk.conversation(session_key=session_key,
@@ -241,16 +264,24 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
             yield messages, messages, event.message.conversation_id, session_key, choices, gr.skip()
 
 
-def _out(messages: list, conversation_id, session_key: str, box) -> tuple:
-    return messages, messages, conversation_id, session_key, gr.skip(), box
+def as_text(text: str) -> str:
+    """``text`` as the chatbot must show it: as written, HTML escaped (no message draws markup)."""
+    return html.escape(text, quote=False)
+
+
+def _screen(chatbot: list, *, shown=_SKIP, conversation_id=_SKIP, session_key=_SKIP, conversations=_SKIP,
+            box=_SKIP) -> tuple:
+    """The chat's outputs: what the chatbot shows, and each other output (skipped unless given)."""
+    return tuple(gr.skip() if v is _SKIP else v for v in (chatbot, shown, conversation_id, session_key,
+                                                            conversations, box))
 
 
 def _notice(text: str, t: dict) -> dict:
-    return {"role": "assistant", "content": text, "metadata": {"title": t["notice"], "status": "done"}}
+    return {"role": "assistant", "content": as_text(text), "metadata": {"title": t["notice"], "status": "done"}}
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
-    out = [{"role": "assistant", "content": m.text}] if m.text else []
+    out = [{"role": "assistant", "content": as_text(m.text)}] if m.text else []
     if m.status == "ok":
         out.append({"role": "assistant", "content": caption_details(m, language),
                     "metadata": {"title": caption_title(m, language), "status": "done"}})
@@ -266,7 +297,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     out: list[dict] = []
     for m in messages:
         if m.role == "user":
-            out.append({"role": "user", "content": m.text})
+            out.append({"role": "user", "content": as_text(m.text)})
         elif m.status != "generating":
             out.extend(_answer_messages(m, t, language))
     return out
@@ -303,7 +334,7 @@ def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, t
 
 
 def _api_final(event: Finished, language: str) -> dict:
-    m = event.message
+    m = event.customer
     return {
         "text": m.text, "done": True, "status": m.status, "error": m.error,
         "caption": caption_title(m, language) if m.status == "ok" else "",

@@ -1,16 +1,5 @@
 """ASGI guards in front of everything the server exposes: body sizes, security headers, no uploads to the
-chat, and only the Gradio routes the pages use.
-
-``RequestGuard`` is outermost. Sizes are checked before any work: a declared ``Content-Length`` over
-the limit is answered 413 at once, and a body that grows past it while streaming in is cut off. The
-chat takes no files, so its upload route answers 403 whatever is sent; the console's takes template
-files up to its own limit. Every response carries the headers of ``SECURITY_HEADERS``.
-
-``GradioRoutes`` sits behind the console's gate (so a stranger learns nothing of the console, not even
-which of its routes exist): under ``/gradio_api/`` and ``/admin/gradio_api/`` it passes only the routes
-of ``CHAT_ROUTES`` / ``CONSOLE_ROUTES`` and answers every other one 404 with a short body, logging one
-line a second at most. The chat serves no files at all, and an event sent to the chat with a
-file-shaped value is refused before Gradio reads it.
+chat, no deep links, and only the Gradio routes the pages use.
 """
 
 from __future__ import annotations
@@ -18,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from urllib.parse import parse_qsl, urlencode
 
 from app.log_text import RateLimitedLog, printable
 
@@ -56,6 +46,7 @@ CONTENT_SECURITY_POLICY = "; ".join([
 ])
 SECURITY_HEADERS = ((b"x-frame-options", b"DENY"), (b"content-security-policy", CONTENT_SECURITY_POLICY.encode()),
                     (b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"same-origin"))
+DEEP_LINK_ROUTES = ("/gradio_api/deep_link", "/admin/gradio_api/deep_link")
 
 
 class RequestGuard:
@@ -68,6 +59,9 @@ class RequestGuard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         send = _with_security_headers(send)
+        scope = without_deep_links(scope)
+        if scope is None:
+            return await _reject(send, 404, "Not found.")
         path = scope.get("path", "")
         if path.startswith(CHAT_UPLOAD):
             return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
@@ -199,6 +193,22 @@ def _with_security_headers(send):
         await send(event)
 
     return send_with_headers
+
+
+def without_deep_links(scope) -> dict | None:
+    """``scope`` without Gradio's deep links, or None for the route that makes one (answer 404).
+
+    A deep link is a snapshot of one session's page that anyone can open as their own: it handed a
+    stranger the session key in a BrowserState, and planted one customer's markup in another's page.
+    The app uses none: the route is gone, and a page asked for one (``?deep_link=``) is the plain page.
+    """
+    if scope.get("path", "").rstrip("/") in DEEP_LINK_ROUTES:
+        return None
+    query = scope.get("query_string", b"")
+    if b"deep_link" not in query:
+        return scope
+    kept = [(k, v) for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True) if k != "deep_link"]
+    return {**scope, "query_string": urlencode(kept).encode("latin-1")}
 
 
 def _content_length(scope) -> int | None:

@@ -7,7 +7,10 @@ database. Sampling follows the server's settings; ``temperature``/``top_p`` are 
 ignored. Two of vLLM's extra fields are honoured: ``ignore_eos`` and ``cache_salt``.
 
 Every field is validated strictly before any work (a JSON ``true`` is not an integer, ``"false"``
-is not a boolean), with sizes bounded; each client address has a rate and a concurrency limit.
+is not a boolean), with sizes bounded — a message's characters counted over all its content parts;
+each client address has a rate and a concurrency limit. ``usage.prompt_tokens_details.cached_tokens``
+is capped at the template's shared prefix unless the request ran in a cache namespace of its own
+(app/core/cache_figures.py).
 
     POST /v1/chat/completions   {"model": "电商客服", "messages": [...], "stream": true}
     GET  /v1/models             the customer-facing published templates
@@ -20,12 +23,14 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError
 
+from app.core.cache_figures import shown_cached_tokens
 from app.core.callers import ProxyTrust, TenantRefused
 from app.core.desk import MAX_HISTORY_MESSAGES, MAX_MESSAGE_CHARS, Desk, DeskInputError, check_history, clean_text
 from app.core.limits import RateLimited, StreamSlot
@@ -66,6 +71,9 @@ class ChatMessage(BaseModel):
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+    def num_chars(self) -> int:
+        return len(self.content) if isinstance(self.content, str) else sum(len(p.text) for p in self.content)
 
 
 class StreamOptions(BaseModel):
@@ -122,11 +130,13 @@ def build_openai_router(desk: Desk, trust: ProxyTrust) -> APIRouter:
         except RateLimited as exc:
             return ApiError(429, str(exc), code="rate_limited", kind="rate_limit_error",
                             retry_after_s=exc.retry_after_s).response()
+        salt = _salt(desk.tenant_salt(caller.tenant), chat.cache_salt)
+        figures = _CachedFigures(desk.shared_tokens(template.name), own_namespace=salt is not None)
         try:
             prompt = await desk.build_prompt(template, history, message)
             budget = min(prompt.max_tokens, chat.max_completion_tokens or chat.max_tokens or prompt.max_tokens)
             stream = desk.engine.stream(prompt.token_ids, max_tokens=budget, ignore_eos=chat.ignore_eos,
-                                        cache_salt=_salt(desk.tenant_salt(caller.tenant), chat.cache_salt),
+                                        cache_salt=salt,
                                         routing_key=routing_key(template.family, shards=desk.family_shards,
                                                                 shard_seed=uuid.uuid4().hex),
                                         step_delay_ms=desk.step_delay_ms)
@@ -139,11 +149,11 @@ def build_openai_router(desk: Desk, trust: ProxyTrust) -> APIRouter:
             raise
         completion_id = f"chatcmpl-{uuid.uuid4().hex}"
         if chat.stream:
-            events = _sse(completion_id, chat, first, stream, slot)
+            events = _sse(completion_id, chat, first, stream, slot, figures)
             return StreamingResponse(events, media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
-            return await _whole(completion_id, chat, first, stream)
+            return await _whole(completion_id, chat, first, stream, figures)
         finally:
             slot.release()
 
@@ -172,6 +182,11 @@ def parse_chat_request(body: bytes) -> ChatRequest:
 
 
 def _turns(chat: ChatRequest) -> tuple[list[Turn], str]:
+    for i, m in enumerate(chat.messages):  # counted before any text is joined, cleaned or tokenized
+        if (n := m.num_chars()) > MAX_MESSAGE_CHARS:
+            raise ApiError(400, f"messages[{i}].content has {n:,} characters; the limit is {MAX_MESSAGE_CHARS:,} "
+                           "per message, over all its parts. Please shorten it or split it into several messages.",
+                           code="message_too_long", param=f"messages[{i}].content")
     turns: list[Turn] = []
     for i, m in enumerate(chat.messages):
         if m.role in ("system", "developer"):
@@ -254,12 +269,22 @@ async def _first_event(stream: AsyncIterator[Delta | RequestStats]) -> Delta | R
         raise
 
 
-def _usage(stats: RequestStats | None) -> dict | None:
+@dataclass(frozen=True)
+class _CachedFigures:
+    """How many cached tokens a caller may be told of: app/core/cache_figures.py."""
+
+    shared_tokens: int
+    own_namespace: bool
+
+
+def _usage(stats: RequestStats | None, figures: _CachedFigures) -> dict | None:
     if stats is None:
         return None
+    cached = shown_cached_tokens(stats.num_cached_tokens, shared_tokens=figures.shared_tokens,
+                                 own_namespace=figures.own_namespace)
     return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.output_tokens,
             "total_tokens": stats.prompt_tokens + stats.output_tokens,
-            "prompt_tokens_details": {"cached_tokens": stats.num_cached_tokens}}
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _finish_reason(stats: RequestStats | None) -> str:
@@ -267,7 +292,8 @@ def _finish_reason(stats: RequestStats | None) -> str:
 
 
 async def _sse(completion_id: str, chat: ChatRequest, first: Delta | RequestStats,
-               stream: AsyncIterator[Delta | RequestStats], slot: StreamSlot) -> AsyncIterator[bytes]:
+               stream: AsyncIterator[Delta | RequestStats], slot: StreamSlot,
+               figures: _CachedFigures) -> AsyncIterator[bytes]:
     # The chunks differ only in their text: the JSON around it is encoded once.
     head = json.dumps({"id": completion_id, "object": "chat.completion.chunk", "created": int(time.time()),
                        "model": chat.model}, ensure_ascii=False)[:-1]
@@ -295,14 +321,14 @@ async def _sse(completion_id: str, chat: ChatRequest, first: Delta | RequestStat
                     return
         yield chunk({}, _finish_reason(stats))
         if chat.stream_options and chat.stream_options.include_usage:
-            yield f'data: {head}, "choices": [], "usage": {json.dumps(_usage(stats))}}}\n\n'.encode()
+            yield f'data: {head}, "choices": [], "usage": {json.dumps(_usage(stats, figures))}}}\n\n'.encode()
         yield b"data: [DONE]\n\n"
     finally:
         slot.release()
 
 
 async def _whole(completion_id: str, chat: ChatRequest, first: Delta | RequestStats,
-                 stream: AsyncIterator[Delta | RequestStats]) -> JSONResponse:
+                 stream: AsyncIterator[Delta | RequestStats], figures: _CachedFigures) -> JSONResponse:
     text, stats = "", None
     async with contextlib.aclosing(stream):
         event: Delta | RequestStats | None = first
@@ -319,6 +345,6 @@ async def _whole(completion_id: str, chat: ChatRequest, first: Delta | RequestSt
         "id": completion_id, "object": "chat.completion", "created": int(time.time()), "model": chat.model,
         "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                      "finish_reason": _finish_reason(stats)}],
-        "usage": _usage(stats),
+        "usage": _usage(stats, figures),
     }
     return JSONResponse(body)

@@ -30,6 +30,7 @@ from app.core.catalog import TemplateCatalog
 from app.core.desk import Desk
 from app.core.limits import ClientLimiter
 from app.core.prompts import PromptBuilder, system_text
+from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
 from app.db import templates as db_templates
 from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
@@ -108,6 +109,8 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     from app.web.chat import JS as CHAT_JS
     from app.web.chat import build_chat
     from app.web.chat_text import model_label
+    from app.web.gradio_state import keep_no_snapshots
+    from app.web.sessions import SessionGuard
 
     settings = services.settings
     _preload_matplotlib()
@@ -136,15 +139,19 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
                         blocked_paths=_blocked_paths(settings), **mount)
     _keep_files_in(app, "/admin", blocks, console_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
-                      browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
+                      browser_secret=_secret(settings, "browser-state.key"),
+                      keys=SessionKeys(_secret(settings, "session-key.key")), trust=services.trust,
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests)
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb",
                         blocked_paths=[*_blocked_paths(settings), str(console_files)], **mount)
+    keep_no_snapshots(app, blocks)
+    keep_no_snapshots(app, chat)
     for mounted in (blocks, chat):
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
+    app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language)
     app.add_middleware(GradioRoutes)  # behind the gate: a stranger learns nothing of the console's routes
     app.add_middleware(ConsoleGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,

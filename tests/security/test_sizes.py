@@ -6,6 +6,8 @@ about ten minutes; a 1 MB /v1 message was refused only after blocking /healthz f
 After: sizes are bounded before any work (200 history messages, 200,000 history characters, 20,000
 per message, 1,024 KiB per request body), prompts are fitted in one pass, and long prompts are
 tokenized on a thread — /healthz answers as quickly as it did just before each attack.
+Before: /v1 checked the 20,000 characters per content part, so 64 parts of 15,000 (960,000
+characters) made one message. After: a message's characters are counted over all its parts.
 """
 
 import time
@@ -112,3 +114,21 @@ def test_a_message_over_the_limit_is_refused_and_not_stored(server_url, db):
     assert out["error"] == ("This message has 20,001 characters; the limit is 20,000. Please shorten it or split it "
                             "into several messages.")
     assert db["messages"].count == before
+
+
+def test_v1_counts_a_messages_characters_over_all_its_content_parts(server_url):
+    parts = [{"type": "text", "text": "a" * 15_000} for _ in range(64)]  # 960 KB: under the body limit
+    r = httpx.post(server_url + "v1/chat/completions", timeout=30, json={
+        "model": "电商客服", "messages": [{"role": "user", "content": parts}]})
+    assert (r.status_code, r.json()["error"]) == (400, {
+        "message": "messages[0].content has 960,000 characters; the limit is 20,000 per message, over all its parts. "
+                   "Please shorten it or split it into several messages.",
+        "type": "invalid_request_error", "param": "messages[0].content", "code": "message_too_long"})
+    # Parts within the limit of each message, but a conversation over the history limit: the same 400 as strings.
+    history = [{"role": "user" if i % 2 == 0 else "assistant", "content": [{"type": "text", "text": "a" * 5_001}] * 2}
+               for i in range(20)]
+    r = httpx.post(server_url + "v1/chat/completions", timeout=30, json={
+        "model": "电商客服", "messages": history + [{"role": "user", "content": [{"type": "text", "text": "现在呢？"}]}]})
+    assert (r.status_code, r.json()["error"]["message"]) == (
+        400, "The history has 200,040 characters; the limit is 200,000. Send only the recent messages, or start a new "
+             "conversation.")

@@ -112,8 +112,9 @@ def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numb
         details.locator(".pd-glyph[data-filled]").wait_for()
         glyph_ms = glyphs[str(i)]
         assert isinstance(glyph_ms, int) and glyph_ms >= row["ttft_ms"]  # no glyph before the first token
+        # A customer is told of no more cached tokens than the template's 1,024 (app/core/cache_figures.py).
         assert details.inner_text() == (
-            f"缓存命中 {row['num_cached_tokens']} / {row['prompt_tokens']} 个提示 token · "
+            f"缓存命中 {min(row['num_cached_tokens'], 1024)} / {row['prompt_tokens']} 个提示 token · "
             f"引擎首 token {row['ttft_ms']:.0f} ms · 浏览器首字 {glyph_ms} ms · "
             f"{row['decode_tokens_per_s']:.0f} token/s")
     assert_tidy(page)

@@ -1,0 +1,239 @@
+"""Every Gradio session belongs to the browser that opened it.
+
+Gradio names a session by a hash the client makes up, and sends it in URLs
+(``queue/data?session_hash=…``, ``heartbeat/<hash>``) that proxies and access logs keep. Whoever
+holds the hash could read the session's answers as they stream, end its events, or run events in
+it, with its state (and so read its conversations). So the hash is bound to a cookie: a page load
+without one gets ``pd_browser`` (32 random bytes, HttpOnly, SameSite=Strict, Secure over HTTPS);
+the first request that names a session hash records which cookie owns it; every later request
+naming that hash without that cookie is answered 403 before Gradio sees it.
+
+Scripts: gradio_client keeps the cookies of the /config it fetches first, so it works unchanged. A
+script speaking HTTP itself must keep cookies (a cookie jar, e.g. one ``httpx.Client``) from its
+first response on; its first request naming a session hash may come without one and gets it.
+A page opened from a link on another site is sent no SameSite=Strict cookie, so it gets a new one;
+tabs already open on the old cookie are then told to reload.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import re
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass
+from urllib.parse import parse_qs
+
+from app.core.callers import ProxyTrust
+from app.web.chat_text import TEXT
+
+COOKIE = "pd_browser"
+MOUNTS = ("/admin", "")  # the console's Gradio app, then the chat's (the longer prefix first)
+PAGES = {"/", "/config", "/admin/", "/admin/config"}  # a browser or gradio_client gets its cookie here
+MAX_BOUND_SESSIONS = 100_000  # owners remembered; the oldest idle ones are forgotten first
+INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on a thread
+_COOKIE_VALUE = re.compile(rb"[A-Za-z0-9_-]{43}")
+_SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_BODY_ROUTES = ("queue/join", "cancel", "component_server")  # POST bodies that name a session hash
+_BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
+
+
+class SessionGuard:
+    """ASGI middleware: requests naming a Gradio session hash need the cookie of the browser that owns it."""
+
+    def __init__(self, app, *, trust: ProxyTrust, language: str, capacity: int = MAX_BOUND_SESSIONS):
+        self.app = app
+        self.trust = trust
+        self.text = TEXT[language]
+        self.owners = SessionOwners(capacity)
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        cookie = _cookie(scope)
+        route = _session_route(scope["method"], scope["path"])
+        if route is None:
+            if cookie is None and scope["method"] == "GET" and scope["path"] in PAGES:
+                send = self._giving_cookie(scope, send, _new_cookie())
+            return await self.app(scope, receive, send)
+        mount, where = route
+        if where == "body":
+            body = await _read_body(receive)
+            if body is None:  # the client went away (or the size guard cut the body off)
+                return None
+            receive = _replay(body, receive)
+            session_hash = await _hash_in_body(body)
+        elif where == "query":
+            session_hash = _hash_in_query(scope)
+        else:
+            session_hash = where
+        if session_hash is None:  # none named: Gradio answers that itself
+            return await self.app(scope, receive, send)
+        if not isinstance(session_hash, str) or not _SESSION_HASH.fullmatch(session_hash):
+            return await _refuse(send, 400, self.text["session_hash_invalid"])
+        if cookie is None:
+            cookie = _new_cookie()
+            send = self._giving_cookie(scope, send, cookie)
+        key = (mount, session_hash)
+        if not self.owners.claim(key, _digest(cookie)):
+            return await _refuse(send, 403, self.text["session_not_yours"])
+        with self.owners.in_use(key):
+            await self.app(scope, receive, send)
+
+    def _giving_cookie(self, scope, send, cookie: bytes):
+        secure = "; Secure" if _https(scope, self.trust) else ""
+        header = (f"{COOKIE}={cookie.decode()}; Path=/; HttpOnly; SameSite=Strict{secure}").encode()
+
+        async def giving(event):
+            if event["type"] == "http.response.start":
+                event = {**event, "headers": [*event.get("headers", []), (b"set-cookie", header)]}
+            await send(event)
+
+        return giving
+
+
+@dataclass
+class _Owner:
+    digest: bytes
+    in_use: int = 0  # open streams naming the session (its heartbeat, its queue stream): never forgotten then
+
+
+class SessionOwners:
+    """Which cookie owns each session hash, in least-recently-used order, at most ``capacity`` of them."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._owners: OrderedDict[tuple[str, str], _Owner] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._owners)
+
+    def claim(self, key: tuple[str, str], digest: bytes) -> bool:
+        """True when ``digest``'s cookie owns ``key`` (the first to name it does); False for anyone else."""
+        owner = self._owners.get(key)
+        if owner is None:
+            self._owners[key] = _Owner(digest)
+            self._forget_idle()
+            return True
+        if not hmac.compare_digest(owner.digest, digest):
+            return False
+        self._owners.move_to_end(key)
+        return True
+
+    @contextlib.contextmanager
+    def in_use(self, key: tuple[str, str]):
+        owner = self._owners[key]
+        owner.in_use += 1
+        try:
+            yield
+        finally:
+            owner.in_use -= 1
+
+    def _forget_idle(self) -> None:
+        # A forgotten hash could be claimed by anyone who learns it; an open page keeps its heartbeat open,
+        # so only sessions idle through the last MAX_BOUND_SESSIONS new ones are forgotten.
+        for _ in range(len(self._owners)):
+            if len(self._owners) <= self.capacity:
+                return
+            key, owner = next(iter(self._owners.items()))
+            if owner.in_use:
+                self._owners.move_to_end(key)
+            else:
+                del self._owners[key]
+
+
+def _session_route(method: str, path: str) -> tuple[str, str] | None:
+    """(mount, where the session hash is: "body", "query" or the hash itself) for a route naming one."""
+    for mount in MOUNTS:
+        prefix = f"{mount}/gradio_api/"
+        if path.startswith(prefix):
+            rest = path[len(prefix):]
+            break
+    else:
+        return None
+    if method == "POST" and (rest in _BODY_ROUTES or rest.startswith(_BODY_ROUTE_PREFIXES)):
+        return mount, "body"
+    if method == "GET" and rest == "queue/data":
+        return mount, "query"
+    if method == "GET" and rest.startswith(("heartbeat/", "stream/")):
+        return mount, rest.split("/")[1]
+    return None
+
+
+async def _read_body(receive) -> bytes | None:
+    chunks = []
+    while True:
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            return None
+        chunks.append(event.get("body", b""))
+        if not event.get("more_body"):
+            return b"".join(chunks)
+
+
+def _replay(body: bytes, receive):
+    sent = False
+
+    async def replay():
+        nonlocal sent
+        if sent:
+            return await receive()  # after the body: the disconnect, when it comes
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replay
+
+
+async def _hash_in_body(body: bytes) -> object:
+    """The body's ``session_hash`` as Gradio will read it (json.loads, the last of duplicate keys), or None."""
+    try:
+        data = json.loads(body) if len(body) <= INLINE_JSON_BYTES else await asyncio.to_thread(json.loads, body)
+    except (ValueError, RecursionError):
+        return None  # Gradio refuses the body itself
+    return data.get("session_hash") if isinstance(data, dict) else None
+
+
+def _hash_in_query(scope) -> object:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get("session_hash")
+    if not values:
+        return None
+    return values[0] if len(values) == 1 else ""  # two hashes in one request are refused as invalid
+
+
+def _cookie(scope) -> bytes | None:
+    """The request's pd_browser cookie, when it has one of the form this guard issues."""
+    for name, value in scope.get("headers") or []:
+        if name != b"cookie":
+            continue
+        for part in value.split(b";"):
+            key, _, v = part.strip().partition(b"=")
+            if key == COOKIE.encode() and _COOKIE_VALUE.fullmatch(v):
+                return v
+    return None
+
+
+def _new_cookie() -> bytes:
+    return secrets.token_urlsafe(32).encode()
+
+
+def _digest(cookie: bytes) -> bytes:
+    return hashlib.sha256(cookie).digest()[:16]
+
+
+def _https(scope, trust: ProxyTrust) -> bool:
+    if scope.get("scheme") == "https":
+        return True
+    peer = (scope.get("client") or ("", 0))[0]
+    proto = dict(scope.get("headers") or []).get(b"x-forwarded-proto", b"")
+    return trust.trusts(peer) and proto == b"https"
+
+
+async def _refuse(send, status: int, message: str) -> None:
+    body = json.dumps({"detail": message}, ensure_ascii=False).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,94 @@
+"""Attack: make the server keep messages it refuses, one fresh session after another.
+
+Before: the chat put a question into the conversation state before the desk refused it, and Gradio
+kept the last value of every input of every session for its deep links (up to 10,000 sessions), so
+100 refused messages of 900 KB from fresh sessions kept +107 MiB of server memory, with /healthz at
+a p50 of 49 ms against 3 ms before the flood; the size check came before the rate check, so refused
+messages were never counted against the sender's rate.
+After: the chat takes a message in (type, rate, then size: Desk.admit) before it keeps anything, a
+refusal leaves the conversation state as it was, and Gradio's sessions keep no deep-link snapshot
+(app/web/gradio_state.py): a few MiB for the same flood (the allocator's, not the messages').
+"""
+
+import re
+import time
+import uuid
+
+import httpx
+from gradio_client import Client
+
+from tests.helpers.attack import config, dependency, output, run
+from tests.helpers.health import HealthWindows, rss_mib
+from tests.helpers.servers import AppProcess, SecondServer, app_env
+
+NUM_MESSAGES = 100
+MESSAGE = "a" * 900_000  # under the 1 MiB request limit, 45 times the message limit
+TOO_LONG = ("This message has 900,000 characters; the limit is 20,000. Please shorten it or split it into several "
+            "messages.")
+GROWTH_LIMIT_MIB = 25  # before the fix the same flood kept 107 MiB
+RATE = re.compile(r"You are sending messages faster than 2 a minute; please wait (\d+) s and send again\.")
+
+
+def notices(chatbot: list) -> list[str]:
+    return [m["content"][0]["text"] for m in chatbot if (m.get("metadata") or {}).get("title")]
+
+
+def refuse_from_fresh_sessions(url: str, n: int, message: str = MESSAGE) -> list[list[str]]:
+    """``n`` sessions of their own (a cookie jar each), each loading the page and sending ``message``."""
+    cfg = config(url)
+    load, send = dependency(cfg, "on_load"), dependency(cfg, "send")
+    shown = []
+    for _ in range(n):
+        with httpx.Client(timeout=60) as client:
+            session = uuid.uuid4().hex
+            key = output(run(client, url, load, [""], session))[0]
+            shown.append(notices(output(run(client, url, send, [message, "电商客服", None, key, None], session))[0]))
+    return shown
+
+
+def test_refused_messages_from_fresh_sessions_keep_no_memory_and_stall_no_one(tmp_path):
+    server = AppProcess(app_env(tmp_path, rate_limit_per_minute=0))  # every message reaches the size check
+    try:
+        server.wait_ready()
+        refuse_from_fresh_sessions(server.url, 10)  # the first events import and cache what all later ones use
+        with HealthWindows(server.url) as health:
+            time.sleep(5)  # the control window
+            before = rss_mib(server.proc.pid)
+            health.window("flood")
+            shown = refuse_from_fresh_sessions(server.url, NUM_MESSAGES)
+            grown = rss_mib(server.proc.pid) - before
+        print(f"\n{NUM_MESSAGES} refused 900 KB messages: RSS +{grown:.1f} MiB; /healthz {health.summary('before')}; "
+              f"{health.summary('flood')}")
+        assert shown == [[TOO_LONG]] * NUM_MESSAGES
+        assert grown < GROWTH_LIMIT_MIB
+        # Before the fix: p90 154 ms against 6 ms in the control window.
+        assert health.quantile("flood", 0.9) <= 4 * health.quantile("before", 0.9) + 40
+    finally:
+        assert server.stop() == 0
+
+
+def test_a_refused_message_leaves_the_conversation_as_it_was(server_url):
+    cfg = config(server_url)
+    load, send = dependency(cfg, "on_load"), dependency(cfg, "send")
+    tag = uuid.uuid4().hex[:8]
+    with httpx.Client(timeout=120) as client:
+        session = uuid.uuid4().hex
+        key = output(run(client, server_url, load, [""], session))[0]
+        refused = output(run(client, server_url, send, ["退" * 20_001, "电商客服", None, key, None], session))
+        assert notices(refused[0]) == ["This message has 20,001 characters; the limit is 20,000. Please shorten it "
+                                       "or split it into several messages."]
+        assert refused[1:] == [None, None, {"__type__": "update"}, {"__type__": "update"}, {"__type__": "update"}]
+        # The next question starts from the conversation as it was: empty, not the refused text.
+        messages = run(client, server_url, send, [f"发票 {tag}", "电商客服", None, key, None], session)
+        first = next(m for m in messages if m["msg"] == "process_generating")["output"]["data"][0]
+        assert [(m["role"], m["content"][0]["text"]) for m in first] == [("user", f"发票 {tag}")]
+
+
+def test_refused_messages_count_against_the_senders_rate(services, engine_loop, tmp_path):
+    with SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=2) as url:
+        assert refuse_from_fresh_sessions(url, 2) == [[TOO_LONG]] * 2
+        # The third message of this address in the minute is refused for its rate, before its size is read.
+        third = refuse_from_fresh_sessions(url, 1)[0]
+        assert len(third) == 1 and RATE.fullmatch(third[0]), third
+        out = Client(url, verbose=False).predict("退货", None, "电商客服", None, None, api_name="/chat")
+        assert out["status"] == "rejected" and RATE.fullmatch(out["error"]), out
