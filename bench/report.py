@@ -39,6 +39,7 @@ class EngineWindow:
     waiting_peak: int
     memory_mib: float  # the process tree's RSS on CPU; the GPU's used memory on CUDA
     loop_lag_p99_ms: float | None  # how late the server's event loop ran
+    restarts: int = 0  # engine restarts during the run
 
     @property
     def hit_rate(self) -> float:
@@ -111,6 +112,12 @@ class RunSummary:
     server_loop_lag_p99_ms: float | None
     first_error: str | None
     replicas: tuple[ReplicaWindow, ...] = field(default=())
+    engine_restarts: int = 0  # of the watched engine during the run (an app process: its /healthz)
+    # The chat path's own figures (the page sees updates, not tokens):
+    updates_mean: float | None = None  # streamed updates per answer
+    stream_bytes_mean: float | None = None  # SSE bytes per answer
+    load_p50_ms: float | None = None  # the page load, arrival → its end
+    engine_ttft_p50_ms: float | None = None  # the engine's first token, from the answers' captions
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -199,6 +206,7 @@ def summarize(results: Sequence[ClientResult], info: RunInfo, *, engine: EngineW
     loop_lags = [x for r in results for x in r.loop_lag_ms]
     ttft_p50, lag_p99 = percentile(ttft, 50), percentile(lags, 99) if lags else 0.0
     rejected, reason = lag_verdict(lag_p99, ttft_p50, open_loop=open_loop)
+    chat = [s for s in ok if s.load_ms is not None]
     if cached and len(cached) == len(prompt) and sum(prompt):
         hit_rate = sum(cached) / sum(prompt)
     else:
@@ -224,6 +232,12 @@ def summarize(results: Sequence[ClientResult], info: RunInfo, *, engine: EngineW
         waiting_peak=max([engine.waiting_peak, *(r.waiting_peak for r in replicas)]),
         memory_mib=engine.memory_mib, server_loop_lag_p99_ms=engine.loop_lag_p99_ms,
         first_error=(errors or unfinished)[0].error if errors or unfinished else None, replicas=tuple(replicas),
+        engine_restarts=engine.restarts,
+        updates_mean=sum(s.updates for s in chat) / len(chat) if chat else None,
+        stream_bytes_mean=sum(s.stream_bytes for s in chat) / len(chat) if chat else None,
+        load_p50_ms=percentile([s.load_ms for s in chat], 50) if chat else None,
+        engine_ttft_p50_ms=percentile([s.engine_ttft_ms for s in chat if s.engine_ttft_ms is not None], 50)
+        if chat else None,
     )
 
 
