@@ -79,8 +79,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--policies", default="", help="comma list: run everything once per router policy (the "
                    "router restarts between them, the replicas stay, their caches are reset)")
     g.add_argument("--families-policies", default="", help="policies under which mode families runs (default: all)")
-    g.add_argument("--app-engine", choices=("router", "replica"), default="router",
-                   help="where the started app sends its requests")
+    g.add_argument("--app-engine", choices=("router", "replica", "local"), default="router",
+                   help="where the started app sends its requests; local: the benchmark starts python -m app with "
+                        "its own in-process engine (the embedded default) and measures its /v1 (remote) and its "
+                        "chat page (chat)")
     g.add_argument("--api-servers", type=int, default=0, help="API processes per replica (0: 1 on CPU, 4 on GPU)")
     g.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="replicas on GPUs or CPU cores")
     g.add_argument("--base-port", type=int, default=8600, help="router port; replicas and KV events above it")
@@ -95,6 +97,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--deadline", type=float, default=0.0,
                    help="Unix time by which everything must be done: runs that would end later are skipped")
     g.add_argument("--label", default="", help="free text stored in the JSON")
+    g.add_argument("--profile", default="", metavar="PATH@RATE",
+                   help="py-spy records the server (the started app, else this process) during the first run of "
+                        "PATH at RATE req/s (its window) or PATH@cN (a burst of N users): profile-PATH-RATE.svg")
     g.add_argument("--data-dir", type=Path, default=Path("/tmp/prefixdesk-bench"),
                    help="folder for the demo model, shapes, databases, templates and cluster logs")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json, runs.jsonl, bench.png")
@@ -119,6 +124,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.paths = list(dict.fromkeys(args.paths))
         print("bench: --web-processes > 1: the http path runs as remote (python -m app over the cluster)",
               flush=True)
+    if args.profile:
+        from bench.pyspy import parse_profile
+
+        try:
+            parse_profile(args.profile)
+        except ValueError as exc:
+            p.error(str(exc))
+    if args.app_engine == "local":
+        others = [x for x in args.paths if x not in ("remote", "chat")]
+        if others or args.cluster or args.app_url:
+            p.error("--app-engine local starts its own app and measures its /v1 (remote) and chat page (chat) only; "
+                    f"drop {', '.join(others) or '--cluster / --app-url'}")
     if args.app_entry == "auto":
         import importlib.util
 

@@ -26,7 +26,6 @@ client keeps up: at least ``SELF_CHECK_RATE`` req/s offered with client lag p99 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import re
 import sys

@@ -39,7 +39,7 @@ class EngineWindow:
     waiting_peak: int
     memory_mib: float  # the process tree's RSS on CPU; the GPU's used memory on CUDA
     loop_lag_p99_ms: float | None  # how late the server's event loop ran
-    restarts: int = 0  # engine restarts during the run
+    restarts: int | None = 0  # engine restarts during the run (None: the engine could not say)
 
     @property
     def hit_rate(self) -> float:
@@ -112,7 +112,7 @@ class RunSummary:
     server_loop_lag_p99_ms: float | None
     first_error: str | None
     replicas: tuple[ReplicaWindow, ...] = field(default=())
-    engine_restarts: int = 0  # of the watched engine during the run (an app process: its /healthz)
+    engine_restarts: int | None = 0  # of the watched engine during the run (an app process: its /healthz)
     # The chat path's own figures (the page sees updates, not tokens):
     updates_mean: float | None = None  # streamed updates per answer
     stream_bytes_mean: float | None = None  # SSE bytes per answer
