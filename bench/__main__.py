@@ -64,7 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--app-entry", choices=("auto", "full", "api"), default="auto",
                    help="the remote path's app: full (python -m app) or api (python -m app --api-only, no "
                         "Gradio); auto: full when Gradio is installed")
-    g.add_argument("--app-url", help="remote path: an app already serving (else the benchmark starts one)")
+    g.add_argument("--app-url", help="remote path (and chat, with --app-engine local): an app already serving "
+                   "(else the benchmark starts one)")
     g.add_argument("--engine-url", help="the started app's PREFIXDESK_ENGINE_URL (default: the router, or the "
                    "replica with --app-engine replica)")
     g.add_argument("--router-url", help="router path: a vllm-router already serving")
@@ -133,9 +134,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             p.error(str(exc))
     if args.app_engine == "local":
         others = [x for x in args.paths if x not in ("remote", "chat")]
-        if others or args.cluster or args.app_url:
-            p.error("--app-engine local starts its own app and measures its /v1 (remote) and chat page (chat) only; "
-                    f"drop {', '.join(others) or '--cluster / --app-url'}")
+        if others or args.cluster:
+            p.error("--app-engine local measures an app with its own engine (started, or --app-url): its /v1 "
+                    f"(remote) and chat page (chat) only; drop {', '.join(others) or '--cluster'}")
     if args.app_entry == "auto":
         import importlib.util
 

@@ -10,7 +10,9 @@ chromium does (watched with Playwright's ``page.on("request")``):
    the session key and fills the template picker (the send event refuses a template that is not
    among the picker's choices, so it cannot be skipped);
 2. the same two requests for the submit event with (question, template, the session key; ``null``
-   for the server-side states), reading ``process_generating`` diffs until ``process_completed``.
+   for the server-side states), reading ``process_generating`` diffs until ``process_completed``;
+3. the events the page chains after it (``.then``: the sidebar's refresh), as the browser triggers
+   them once the answer completed: queued ones as above, the others as ``POST /gradio_api/run/predict``.
 
 Times count from the customer's scheduled arrival (the page load included); the first content is
 the first update in which the answer (the assistant text after the question, captions excluded)
@@ -47,6 +49,7 @@ except ImportError:  # the standard library parses the same JSON, a little slowe
 CONFIG_PATH = "config"
 JOIN_PATH = "gradio_api/queue/join"
 DATA_PATH = "gradio_api/queue/data"
+PREDICT_PATH = "gradio_api/run/predict"  # events that skip the queue
 MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
@@ -68,12 +71,14 @@ class PageEvent:
     trigger_id: int | None
     input_types: tuple[str, ...]  # component types, e.g. ("textbox", "dropdown", "state", "browserstate", "state")
     output_types: tuple[str, ...]
+    queued: bool = True  # False: the browser calls it with one POST, outside Gradio's queue
 
 
 @dataclass(frozen=True)
 class ChatPage:
     load: PageEvent  # the page load: sets the session key and the template picker's choices
     send: PageEvent  # the message box's submit
+    after_send: tuple[PageEvent, ...] = ()  # chained after it (.then), in the page's order
 
     @property
     def chatbot_index(self) -> int:
@@ -89,10 +94,15 @@ def find_chat_page(config: dict) -> ChatPage:
     types = {c["id"]: c["type"] for c in config["components"]}
     box = next((c["id"] for c in config["components"] if (c.get("props") or {}).get("elem_id") == MESSAGE_BOX), None)
     load = send = None
+    events, follows = {}, {}
     for index, dep in enumerate(config["dependencies"]):
         targets = [tuple(t) for t in dep["targets"]]
         event = PageEvent(dep.get("id", index), targets[0][0] if targets else None,
-                          tuple(types[i] for i in dep["inputs"]), tuple(types[i] for i in dep["outputs"]))
+                          tuple(types[i] for i in dep["inputs"]), tuple(types[i] for i in dep["outputs"]),
+                          queued=dep.get("queue") is not False)
+        events[event.fn_index] = event
+        if dep.get("trigger_after") is not None and not dep.get("trigger_only_on_failure"):
+            follows.setdefault(dep["trigger_after"], []).append(event.fn_index)
         if any(kind == "load" for _, kind in targets) and "browserstate" in event.output_types:
             load = event
         if box is not None and (box, "submit") in targets:
@@ -100,7 +110,7 @@ def find_chat_page(config: dict) -> ChatPage:
     if load is None or send is None or "chatbot" not in send.output_types:
         raise ChatPageError("the page's config has no chat: no load event setting the session key, or no "
                             f"submit event of #{MESSAGE_BOX} with a chatbot output")
-    return ChatPage(load, send)
+    return ChatPage(load, send, tuple(events[i] for i in follows.get(send.fn_index, ())))
 
 
 def send_inputs(event: PageEvent, *, question: str, template: str, session_key: str) -> list:
@@ -211,8 +221,8 @@ class ChatPageTarget:
         loaded, _ = await self._event(page.load, send_inputs(page.load, question="", template="", session_key=""),
                                    session_hash)
         outcome = Outcome(0, load_ms=(time.perf_counter() - timer.scheduled) * 1000)
-        data = send_inputs(page.send, question=req.question, template=req.template,
-                           session_key=loaded[page.session_index])
+        session_key = loaded[page.session_index]
+        data = send_inputs(page.send, question=req.question, template=req.template, session_key=session_key)
         final, streamed = await self._event(page.send, data, session_hash, timer=timer, outcome=outcome)
         messages = final[page.chatbot_index] or []
         stats = caption_stats(messages)
@@ -225,7 +235,22 @@ class ChatPageTarget:
                                 f"the final answer is {text[:60]!r}")
         if self.expect_text is not None and text != self.expect_text:
             raise ChatPageError(f"the answer is {text[:80]!r}, not {self.expect_text[:80]!r}")
+        for event in page.after_send:  # after the answer's end: load on the server, not part of its timing
+            data = send_inputs(event, question=req.question, template=req.template, session_key=session_key)
+            if event.queued:
+                await self._event(event, data, session_hash)
+            else:
+                await self._predict(event, data, session_hash)
         return outcome
+
+    async def _predict(self, event: PageEvent, data: list, session_hash: str) -> list:
+        """A non-queued event, as the browser calls it: one POST, its outputs in the answer."""
+        body = {"data": data, "event_data": None, "fn_index": event.fn_index, "trigger_id": event.trigger_id,
+                "session_hash": session_hash}
+        async with self.session.post(self.base_url + PREDICT_PATH, json=body) as r:
+            if r.status != 200:
+                raise ChatPageError(f"run/predict: HTTP {r.status}: {(await r.text())[:200]}")
+            return (await r.json(loads=_loads))["data"]
 
     async def _event(self, event: PageEvent, data: list, session_hash: str, *, timer: Timer | None = None,
                      outcome: Outcome | None = None) -> tuple[list, list | None]:

@@ -5,7 +5,8 @@ It serves what ``bench.chatload`` reads, shaped as Gradio 6 sends it (app/web/ch
 the wire): ``/config`` with a page-load event and the message box's submit event; ``queue/join``; and
 per session the SSE ``queue/data`` stream — estimation, process_starts, then for the send event a first
 ``process_generating`` with the whole chatbot value, diffs appending the answer ``updates`` times
-``interval_ms`` apart, the caption, ``process_completed`` with the whole value, and ``close_stream``.
+``interval_ms`` apart, the caption, ``process_completed`` with the whole value, and ``close_stream``;
+then the sidebar's refresh, chained after the send outside the queue (``run/predict``).
 It does no other work, so whatever lags is the client.
 
     python -m bench.chatstub --port 7999 --updates 20 --interval-ms 50
@@ -33,6 +34,7 @@ COMPONENTS = [(1, "textbox", "message"), (2, "dropdown", "template"), (3, "state
               (5, "state", None), (6, "chatbot", "chatbot"), (7, "radio", "conversations"), (0, "form", None)]
 SEND = {"id": 0, "targets": [[1, "submit"]], "inputs": [1, 2, 3, 4, 5], "outputs": [6, 5, 3, 4, 7, 1]}
 LOAD = {"id": 1, "targets": [[0, "load"]], "inputs": [4], "outputs": [4, 2, 7]}
+SIDEBAR = {"id": 2, "targets": [[None, "then"]], "inputs": [4], "outputs": [7], "queue": False, "trigger_after": 0}
 
 
 def answer(updates: int) -> str:
@@ -43,7 +45,8 @@ def answer(updates: int) -> str:
 def config() -> dict:
     return {"components": [{"id": i, "type": kind, "props": {"elem_id": elem} if elem else {}}
                            for i, kind, elem in COMPONENTS],
-            "dependencies": [dict(SEND, api_visibility="private"), dict(LOAD, api_visibility="private")]}
+            "dependencies": [dict(SEND, api_visibility="private"), dict(LOAD, api_visibility="private"),
+                             dict(SIDEBAR, api_visibility="private")]}
 
 
 def _message(text: str, title: str | None = None, role: str = "assistant") -> dict:
@@ -115,6 +118,14 @@ def build_app(*, updates: int, interval_ms: float):
         task.add_done_callback(tasks.discard)
         return web.json_response({"event_id": event_id})
 
+    async def predict(request):
+        body = await request.json()
+        if body["fn_index"] != SIDEBAR["id"]:
+            return web.json_response({"detail": "no such event"}, status=400)
+        choices = [[f"12-01 10:12 · {uuid.uuid4().hex[:6]}", 1]]
+        return web.json_response({"data": [{"choices": choices, "value": None, "__type__": "update"}],
+                                  "is_generating": False})
+
     async def data(request):
         session_hash = request.query.get("session_hash", "")
         queue = sessions.get(session_hash)
@@ -131,7 +142,7 @@ def build_app(*, updates: int, interval_ms: float):
 
     app = web.Application()
     app.add_routes([web.get("/config", get_config), web.post("/gradio_api/queue/join", join),
-                    web.get("/gradio_api/queue/data", data)])
+                    web.get("/gradio_api/queue/data", data), web.post("/gradio_api/run/predict", predict)])
     return app
 
 

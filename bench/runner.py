@@ -133,7 +133,10 @@ class _AppWatch:
     async def stop(self, t0_wall: float, start_wall: float, end_wall: float):
         before = await self.task
         after = await app_restarts(self.backend.url)
-        running, waiting, memory = await asyncio.to_thread(sample_peaks, self.backend.db_path, start_wall, end_wall)
+        running = waiting = memory = 0
+        if self.backend.db_path is not None:
+            running, waiting, memory = await asyncio.to_thread(sample_peaks, self.backend.db_path, start_wall,
+                                                               end_wall)
         restarts = after - before if before is not None and after is not None else None
         return EngineWindow(0, 0, 0, 0.0, running, waiting, memory / 2**20, None, restarts=restarts), []
 

@@ -296,6 +296,10 @@ class Session:
         from bench.servers import AppProcess, free_port, settings_env
 
         a, s = self.args, self.settings
+        if a.app_url:  # one already serving, e.g. to profile it by hand: no cache samples to read
+            bench = self._bench(AppBackend(a.app_url, None), reset_cache=False)
+            return [(RunTarget(path, client={"kind": path, "base_url": a.app_url.rstrip("/") + "/"}), bench)
+                    for path in a.paths]
         data = s.data_dir / "bench-embedded-app"
         shutil.rmtree(data, ignore_errors=True)
         env = settings_env(s, engine="local", web_processes=1, host="127.0.0.1", port=free_port(), data_dir=str(data),
@@ -309,9 +313,7 @@ class Session:
         self.extra["app_pid"] = app.proc.pid
         await app.wait_ready(self._time_left(900))
         bench = self._bench(AppBackend(app.url, data / "prefixdesk.db"), alive=self._check_alive, reset_cache=False)
-        kinds = {"remote": "remote", "chat": "chat"}
-        return [(RunTarget(path, client={"kind": kinds[path], "base_url": app.url + "/"}), bench)
-                for path in self.args.paths]
+        return [(RunTarget(path, client={"kind": path, "base_url": app.url + "/"}), bench) for path in a.paths]
 
     async def _start_local(self, folder: Path, local_paths: list[str]) -> None:
         """The real Desk (and, for http and gradio, the real app served on this loop) on the engine."""

@@ -55,7 +55,7 @@ class LocalEngine:
         self._monitor = CacheMonitor()
         self._active: dict[str, float] = {}  # request id -> when it was sent
         self._ids = itertools.count()
-        self._last_output = time.monotonic()
+        self._busy_since = time.monotonic()  # when vLLM last went from no unfinished request to some
         self._stalled = ""  # why the running core was declared dead without dying ("" while it is fine)
         self._watchdog: asyncio.Task | None = None
         block_size = settings.block_size or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE)
@@ -164,6 +164,8 @@ class LocalEngine:
             prompt["cache_salt"] = cache_salt
         request_id = request_id or f"pd-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
+        if self.num_unfinished_requests() == 0:  # the engine is idle until now: the stall clock starts here
+            self._busy_since = time.monotonic()
         self._active[request_id] = time.monotonic()
         first = last = None
         output_tokens = 0
@@ -173,7 +175,6 @@ class LocalEngine:
         try:
             async for out in self._llm.generate(prompt, params, request_id=request_id):
                 now = time.perf_counter()
-                self._last_output = time.monotonic()
                 completion = out.outputs[0]
                 if out.num_cached_tokens is not None:
                     num_cached_tokens = out.num_cached_tokens
@@ -242,10 +243,14 @@ class LocalEngine:
         return self._restart_task is not None and not self._restart_task.done()
 
     def stall_s(self) -> float:
-        """Seconds the engine has had requests in flight without handing any of them an output."""
-        if not self._active:
+        """Seconds the engine has held unfinished requests without computing a token for any of them.
+
+        Progress is the engine's own (vLLM's stats of each step it sends back, counted in
+        CacheMonitor.progressed), never a reader's pace: a stream nobody reads keeps its request
+        running, and a request whose reader is slow finished in the engine is not unfinished."""
+        if self.num_unfinished_requests() == 0:
             return 0.0
-        since = max(self._last_output, min(self._active.values()))
+        since = max(self._monitor.last_tokens_at, self._busy_since)
         return time.monotonic() - since
 
     async def health(self) -> Health:
@@ -290,14 +295,15 @@ class LocalEngine:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="engine-watchdog")
 
     async def _watch(self) -> None:
-        """Declare the core dead when requests are in flight and none has progressed for
-        ``engine_stall_timeout_s``: a core whose input thread died never says so itself."""
+        """Declare the core dead when it holds unfinished requests and has computed no token for
+        ``engine_stall_timeout_s`` (stall_s): a core whose input thread died never says so itself."""
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             stall_s = self.stall_s()
             if stall_s > self._settings.engine_stall_timeout_s and not self.restarting and not self._stalled:
                 self._stalled = f"no request progressed for {stall_s:.0f} s; the model is restarting"
-                log.error("the vLLM engine stalled with %d requests in flight; restarting it", len(self._active))
+                log.error("the vLLM engine computed no token for %.0f s with %d requests unfinished; restarting it",
+                          stall_s, self.num_unfinished_requests())
                 from vllm.v1.engine.exceptions import EngineDeadError
 
                 # Wake every waiting stream with the error vLLM itself sends when its core dies.
@@ -326,7 +332,7 @@ class LocalEngine:
         # Building an engine blocks for seconds; a thread keeps the chat answering meanwhile.
         self._llm = await asyncio.to_thread(self._new_llm)
         self._stalled = ""
-        self._last_output = time.monotonic()
+        self._busy_since = time.monotonic()
         self.restarts += 1
         log.info("the vLLM engine restarted (%d restarts so far)", self.restarts)
 

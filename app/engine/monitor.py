@@ -1,8 +1,9 @@
 """The scheduler's numbers as the app reads them: ``CacheMonitor`` and vLLM's stat-logger hook.
 
-vLLM marks ``SchedulerStats`` unstable, so this module is the one place that reads it. The engine
-core runs in a child process; vLLM hands each step's stats to the stat loggers in this process,
-and ``CacheMonitor.record`` keeps what the console shows.
+vLLM marks ``SchedulerStats`` and ``IterationStats`` unstable, so this module is the one place that
+reads them. The engine core runs in a child process; vLLM hands each step's stats to the stat
+loggers in this process, and ``CacheMonitor.record`` keeps what the console shows, and
+``CacheMonitor.progressed`` when the engine last computed tokens (the watchdog's clock).
 """
 
 from __future__ import annotations
@@ -28,8 +29,17 @@ class CacheMonitor:
     hits: int = 0
     resets: int = 0
     max_running_seen: int = 0
+    tokens: int = 0  # prompt and output tokens the engine computed, since start
+    last_tokens_at: float = field(default_factory=time.monotonic)  # when a step last computed any (monotonic s)
     window: collections.deque = field(default_factory=collections.deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def progressed(self, tokens: int) -> None:
+        """An engine step computed ``tokens`` tokens: the watchdog's sign of life, whoever reads them."""
+        if tokens:
+            with self.lock:
+                self.tokens += tokens
+                self.last_tokens_at = time.monotonic()
 
     def record(self, *, running: int, waiting: int, usage: float, queries: int, hits: int, reset: bool) -> None:
         now = time.monotonic()
@@ -74,6 +84,9 @@ def stat_logger_factory(monitor: CacheMonitor):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0, **_):
+            # Called for every batch of outputs the engine core sends, whether or not a stream reads them.
+            if iteration_stats is not None:
+                monitor.progressed(iteration_stats.num_generation_tokens + iteration_stats.num_prompt_tokens)
             if scheduler_stats is None:
                 return
             prefix = scheduler_stats.prefix_cache_stats

@@ -4,11 +4,22 @@ The conversation a customer sees is rebuilt from the database after every answer
 server-side state; the chatbot is only ever an output, so no value a browser sends is echoed back
 as a component value (Gradio would serve a file named in such a value). Handlers stay thin:
 they translate between Gradio's values and the Desk's events.
+
+Streaming is where the page spends its server's time, so its events do the least Gradio lets them
+(docs/benchmarks.md, "The chat path"): their outputs are the chatbot, the server-side states and the
+session key, with no ``gr.skip()`` of a component (Gradio 6 rebuilds a component for each skip: 1.1
+of the 1.7 ms an update cost; and the page sets every output again from every update, so an output
+cannot simply repeat its value either); Gradio's postprocessing is off for them, because the messages
+are built here in the chatbot's own format, each once (the history when the answer starts, then only
+the answer); the page empties the message box itself; and the sidebar's list is refreshed once,
+after the answer, by a short event of its own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import re
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -17,7 +28,7 @@ from typing import Any
 import gradio as gr
 
 from app.core.callers import ProxyTrust, TenantRefused
-from app.core.desk import Desk, DeskInputError, Finished, Progress
+from app.core.desk import Desk, DeskInputError, Finished, Progress, clean_text
 from app.core.prompts import Turn
 from app.db.rows import MessageRow
 from app.engine import EngineInfo
@@ -27,6 +38,14 @@ STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stor
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 UI_UPDATE_INTERVAL_S = 0.1
+SESSION_KEY = re.compile(r"[0-9a-f]{32}")  # what on_load issues (uuid4().hex); anything else gets a new one
+# Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
+# its inputs and calling the server, and not at all when the event is skipped because an answer still streams).
+CLEAR_BOX_JS = """(...inputs) => {
+  const box = document.querySelector('#message textarea');
+  if (box) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+  return inputs;
+}"""
 
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
@@ -50,60 +69,69 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return gr.update(choices=names, value=names[0] if names else None)
 
     async def on_load(session_key: str):
-        session_key = session_key or uuid.uuid4().hex
+        session_key = _session(session_key)
         return session_key, picker(), await _conversation_choices(desk, session_key, t)
 
-    async def on_screen(request, base: list, conversation_id, session_key: str, box, answer):
-        """Chat outputs while ``answer(caller)`` runs: the question at once (``box`` is the message box's new
-        value), then the answer as it streams, then the stored conversation."""
+    async def on_screen(request, base: list, conversation_id, session_key: str, answer):
+        """(chatbot, shown, conversation id, session key) while ``answer(caller)`` runs: the question at once,
+        then the answer as it streams, then the stored conversation."""
         try:
             caller = caller_of(request)
         except TenantRefused as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, box)
+            shown = base + [_notice(str(exc), t)]
+            yield shown, shown, conversation_id, session_key
             return
         events = _Ahead(answer(caller))
         try:
-            yield _out(base, conversation_id, session_key, box)
+            yield base, base, conversation_id, session_key
             async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
                 yield update
         except DeskInputError as exc:
-            yield _out(base + [_notice(str(exc), t)], conversation_id, session_key, gr.skip())
+            shown = base + [_notice(str(exc), t)]
+            yield shown, shown, conversation_id, session_key
         finally:
             await events.aclose()
 
     async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
                    request: gr.Request):
-        session_key = session_key or uuid.uuid4().hex
-        question = (message or "").strip()
+        session_key = _session(session_key)
+        question = clean_text(message or "").strip()  # shown as the desk stores it
         base = list(shown or [])
         if not question:
-            yield _out(base + [_notice(t["empty"], t)], conversation_id, session_key, "")
+            shown = base + [_notice(t["empty"], t)]
+            yield shown, shown, conversation_id, session_key
             return
-        base.append({"role": "user", "content": question})
-        async for update in on_screen(request, base, conversation_id, session_key, "",
+        base.append(_message("user", question))
+        async for screen in on_screen(request, base, conversation_id, session_key,
                                       lambda caller: desk.answer(session_key=session_key, client=caller.address,
                                                                  template_name=template, message=question,
                                                                  conversation_id=conversation_id,
                                                                  tenant=caller.tenant)):
-            yield update
+            yield screen
 
     async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
+        session_key = _session(session_key)
         if conversation_id is None:
-            yield _out(list(shown or []) + [_notice(t["nothing_to_retry"], t)], None, session_key, gr.skip())
+            shown = list(shown or []) + [_notice(t["nothing_to_retry"], t)]
+            yield shown, shown, None, session_key
             return
         rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        async for update in on_screen(request, base, conversation_id, session_key, gr.skip(),
+        async for screen in on_screen(request, base, conversation_id, session_key,
                                       lambda caller: desk.retry(session_key=session_key, client=caller.address,
                                                                 conversation_id=conversation_id,
                                                                 tenant=caller.tenant)):
-            yield update
+            yield screen
+
+    async def sidebar(session_key: str):
+        return await _conversation_choices(desk, _session(session_key), t)
 
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
         # The cancelled answer stores itself as stopped; show the stored conversation once it has.
         if conversation_id is None:
             return gr.skip(), gr.skip()
+        session_key = _session(session_key)
         deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
         while True:
             rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
@@ -114,6 +142,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages
 
     async def open_conversation(conversation_id: int | None, session_key: str):
+        session_key = _session(session_key)
         rows = None if conversation_id is None else await desk.conversation(session_key=session_key,
                                                                               conversation_id=conversation_id)
         if rows is None:
@@ -161,11 +190,17 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
             retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
 
-        outputs = [chatbot, shown, conversation_id, session_key, conversations, box]
         private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
-        submit = box.submit(send, [box, template, conversation_id, session_key, shown], outputs, **private)
-        click = send_btn.click(send, [box, template, conversation_id, session_key, shown], outputs, **private)
-        again = retry_btn.click(retry, [conversation_id, session_key, shown], outputs, **private)
+        # The streaming events: their messages are already in the chatbot's format (module docstring). The page
+        # empties the message box itself as a question leaves, so the box is none of their outputs.
+        streaming = {**private, "postprocess": False}
+        screen = [chatbot, shown, conversation_id, session_key]
+        asked = [box, template, conversation_id, session_key, shown]
+        submit = box.submit(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
+        click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
+        again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
+        for answered in (submit, click, again):  # the sidebar, once the answer is stored: one short request
+            answered.then(sidebar, [session_key], [conversations], queue=False, **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
         stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
@@ -212,12 +247,14 @@ class _Ahead:
 
 
 async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
-    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation.
+    """(chatbot, shown, conversation id, session key) for each of the desk's events: the answer so far, then
+    the stored conversation.
 
     The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
     event is taken only then, and the engine's output gathers meanwhile, so each update carries all
-    the text so far. While the answer streams only the chatbot changes (and the conversation id,
-    once): the other outputs are skipped, which spares Gradio a round of postprocessing per update.
+    the text so far. While the answer streams, the history's messages are the same objects in every
+    update (Gradio's diff sees them unchanged at once) and only the answer's message is new; the
+    shown state keeps its value (skipping a state costs Gradio nothing).
     """
     loop = asyncio.get_running_loop()
     next_update_at = 0.0
@@ -231,32 +268,38 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
         if isinstance(event, Progress):
             next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
             known, conversation_id = conversation_id, event.conversation_id
-            yield (base + [{"role": "assistant", "content": event.text}], gr.skip(),
-                   gr.skip() if known == conversation_id else conversation_id, gr.skip(), gr.skip(), gr.skip())
+            yield (base + [_message("assistant", event.text)], gr.skip(),
+                   gr.skip() if known == conversation_id else conversation_id, session_key)
         elif isinstance(event, Finished):
             rows = await desk.conversation(session_key=session_key,
                                            conversation_id=event.message.conversation_id) or []
             messages = _history_messages(rows, t, language)
-            choices = await _conversation_choices(desk, session_key, t)
-            yield messages, messages, event.message.conversation_id, session_key, choices, gr.skip()
+            yield messages, messages, event.message.conversation_id, session_key
 
 
-def _out(messages: list, conversation_id, session_key: str, box) -> tuple:
-    return messages, messages, conversation_id, session_key, gr.skip(), box
+def _session(value) -> str:
+    """The browser's session key if it is one this server issued, else a new one: a browser may send anything."""
+    return value if isinstance(value, str) and SESSION_KEY.fullmatch(value) else uuid.uuid4().hex
+
+
+def _message(role: str, text: str, title: str | None = None) -> dict:
+    """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc)."""
+    return {"role": role, "metadata": {"title": title, "status": "done"} if title else None,
+            "content": [{"text": inspect.cleandoc(text), "type": "text"}], "options": None}
 
 
 def _notice(text: str, t: dict) -> dict:
-    return {"role": "assistant", "content": text, "metadata": {"title": t["notice"], "status": "done"}}
+    return _message("assistant", text, t["notice"])
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
-    out = [{"role": "assistant", "content": m.text}] if m.text else []
+    out = [_message("assistant", m.text)] if m.text else []
     if m.status == "ok":
-        out.append({"role": "assistant", "content": caption_details(m, language),
-                    "metadata": {"title": caption_title(m, language), "status": "done"}})
+        out.append(_message("assistant", caption_details(m, language), caption_title(m, language)))
     elif m.status == "stopped":
-        out.append({"role": "assistant", "content": caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                    "metadata": {"title": t["stopped"], "status": "done"}})
+        out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
+                            t["stopped"]))
     else:
         out.append(_notice(m.error or "", t))
     return out
@@ -266,7 +309,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     out: list[dict] = []
     for m in messages:
         if m.role == "user":
-            out.append({"role": "user", "content": m.text})
+            out.append(_message("user", m.text))
         elif m.status != "generating":
             out.extend(_answer_messages(m, t, language))
     return out
