@@ -151,8 +151,9 @@ class Settings:
                                       "publisher on this host; tcp://HOST:PORT binds here for a replica that publishes "
                                       "to this host. Empty: no per-replica residency.",
                                       check=_parsed_by(kv_event_sources))
-    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold requests without any progress before "
-                                             "/healthz reports it down and it is restarted as after a crash.",
+    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold unfinished requests without computing "
+                                             "a token (however slowly their answers are read) before /healthz "
+                                             "reports it down and it is restarted as after a crash.",
                                              check=at_least(1, " second"))
     tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model.")
     dtype: str = _setting("auto", "Weight and activation dtype (auto, bfloat16, float16, float32).")

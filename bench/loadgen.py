@@ -68,6 +68,7 @@ class Outcome:
     stream_bytes: int = 0
     load_ms: float | None = None
     engine_ttft_ms: float | None = None
+    text: str = ""  # the answer as the chat page showed it (kept by no Sample)
 
 
 @dataclass

@@ -17,7 +17,7 @@ Over HTTP, from client processes (``make_client_target`` builds them there):
   ``x-session-id``, exactly what the app's remote engine sends;
 * ``replica``: one ``vllm serve`` replica's ``/v1/completions``, the same body, no router;
 * ``chat``: the chat page's send event through Gradio's queue, one fresh browser session per customer,
-  spoken as the browser speaks it (``bench.chatload``);
+  spoken as the browser speaks it (``bench.chatpage``);
 * ``gradio``: the chat's ``/chat`` API through gradio_client (a conformance check, not a measurement:
   gradio_client cannot generate a GPU's load).
 
@@ -258,7 +258,7 @@ def make_client_target(kind: str, base_url: str, suffix_ids: dict[int, list[int]
     if kind in ("http", "remote"):
         return ChatTarget(base_url)
     if kind == "chat":
-        from bench.chatload import ChatPageTarget
+        from bench.chatpage import ChatPageTarget
 
         return ChatPageTarget(base_url, **options)
     if kind in ("router", "replica"):

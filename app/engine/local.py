@@ -52,6 +52,7 @@ class LocalEngine:
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
         self.max_concurrent_requests = settings.max_concurrent_requests or 2 * self.flags.max_num_seqs
+        self.stall_timeout_s = settings.engine_stall_timeout_s
         self._monitor = CacheMonitor()
         self._active: dict[str, float] = {}  # request id -> when it was sent
         self._ids = itertools.count()
@@ -259,7 +260,7 @@ class LocalEngine:
         if self._stalled:
             return Health(False, self._stalled)
         stall_s = self.stall_s()
-        if stall_s > self._settings.engine_stall_timeout_s:
+        if stall_s > self.stall_timeout_s:
             return Health(False, f"no request has progressed for {stall_s:.0f} s")
         try:
             await self._llm.check_health()
@@ -296,11 +297,11 @@ class LocalEngine:
 
     async def _watch(self) -> None:
         """Declare the core dead when it holds unfinished requests and has computed no token for
-        ``engine_stall_timeout_s`` (stall_s): a core whose input thread died never says so itself."""
+        ``stall_timeout_s`` (stall_s): a core whose input thread died never says so itself."""
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             stall_s = self.stall_s()
-            if stall_s > self._settings.engine_stall_timeout_s and not self.restarting and not self._stalled:
+            if stall_s > self.stall_timeout_s and not self.restarting and not self._stalled:
                 self._stalled = f"no request progressed for {stall_s:.0f} s; the model is restarting"
                 log.error("the vLLM engine computed no token for %.0f s with %d requests unfinished; restarting it",
                           stall_s, self.num_unfinished_requests())

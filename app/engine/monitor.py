@@ -68,6 +68,7 @@ class CacheMonitor:
                 recent_hits=sum(h for _, _, h in self.window),
                 resets=self.resets,
                 max_running_seen=self.max_running_seen,
+                num_engine_tokens=self.tokens,
             )
 
     def reset_max_running_seen(self) -> None:

@@ -79,6 +79,9 @@ class CacheSnapshot:
     recent_hits: int
     resets: int
     max_running_seen: int
+    # Prompt and output tokens of the engine's steps since start (a prompt's, cached ones included, when its
+    # prefill completes): what the watchdog counts as progress. 0 where the engine does not say (remote).
+    num_engine_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:
