@@ -214,8 +214,9 @@ class Settings:
     family_shards: int = _setting(1, "Routing keys per template family (family:0 … family:k-1): 1 keeps a family on "
                                   "one replica; more spread a hot family over several (remote engine).",
                                   check=between(1, 64))
-    warm_on_start: bool = _setting(True, "Warm every published template before /healthz reports ready, so the first "
-                                   "customer already hits the cache.")
+    warm_on_start: bool = _setting(True, "Warm every published template, then the sampler (one batch of requests at "
+                                   "once with the customers' sampling), before /healthz reports ready, so the first "
+                                   "customer already hits the cache and waits for no compile.")
     # Cache view
     kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
     kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on; empty picks a private "

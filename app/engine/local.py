@@ -135,8 +135,10 @@ class LocalEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,  # one engine: nothing to route
+        warmup: bool = False,
     ) -> AsyncIterator[Delta | RequestStats]:
-        """Yield the answer as ``Delta``s, then one ``RequestStats``.
+        """Yield the answer as ``Delta``s, then one ``RequestStats``. A ``warmup`` request skips the prefix
+        cache lookup, which is where vLLM counts its queries and hits: the console's hit rate never sees it.
 
         Raises EngineBusy before starting when too many answers are in flight or the engine is
         restarting, EngineRejected when vLLM refuses the request as sent, and EngineError when vLLM
@@ -159,6 +161,7 @@ class LocalEngine:
             top_p=self._settings.top_p,
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
+            skip_reading_prefix_cache=warmup or None,  # None: vLLM's default (read it unless prompt logprobs)
         )
         prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
         if cache_salt:

@@ -116,6 +116,7 @@ class RemoteEngine:
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
+        warmup: bool = False,  # vllm serve has no way to keep it out of its counters: a replica counts it
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 

@@ -164,7 +164,11 @@ class Engine(Protocol):
         ignore_eos: bool = False,
         request_id: str | None = None,
         routing_key: str | None = None,
-    ) -> AsyncIterator[Delta | RequestStats]: ...
+        warmup: bool = False,
+    ) -> AsyncIterator[Delta | RequestStats]:
+        """The answer as ``Delta``s, then one ``RequestStats``. ``warmup``: the app's own request, kept out of
+        the prefix-cache statistics the console shows where the engine can (in-process)."""
+        ...
 
     async def abort_all(self) -> int: ...
 

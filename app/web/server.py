@@ -258,7 +258,7 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
 
 def _lifespan(app: FastAPI, services: Services) -> None:
     from app.core.background import background, warm_published
-    from app.core.warmup import probe_token
+    from app.core.warmup import probe_token, warm_sampling
 
     inner = app.router.lifespan_context
 
@@ -269,10 +269,11 @@ def _lifespan(app: FastAPI, services: Services) -> None:
         async def warm_then_ready() -> None:
             try:
                 if services.settings.warm_on_start:
-                    n = await warm_published(engine=services.engine, catalog=services.catalog,
-                                             probe_id=probe_token(services.prompts.tokenizer),
+                    probe_id = probe_token(services.prompts.tokenizer)
+                    n = await warm_published(engine=services.engine, catalog=services.catalog, probe_id=probe_id,
                                              shards=services.settings.family_shards)
-                    log.info("warmed %d templates", n)
+                    ran = await warm_sampling(services.engine, probe_id=probe_id)
+                    log.info("warmed %d templates and the sampler (%d requests at once)", n, ran)
             except Exception:  # a failed warmup costs the first customers a cold cache, not the server
                 log.exception("start-up warmup failed")
             _freeze_heap()
