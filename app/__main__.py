@@ -39,7 +39,9 @@ def main(argv: list[str]) -> int:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
     app = create_api_app(services) if "--api-only" in argv else create_app(services)
-    print(f"prefixdesk: serving on http://{settings.host}:{settings.port}", flush=True)
+    info = services.engine.info
+    print(f"prefixdesk: serving on http://{settings.host}:{settings.port} — {info.model}"
+          + (f" ({info.precision})" if info.precision else ""), flush=True)
     serve(services, app, reuse_port="--worker" in argv)
     return 0
 

@@ -25,6 +25,7 @@ BUILT_IN_MODELS = ("qwen2.5-0.5b-demo",)
 WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
                             "password1", "qwertyui", "letmein1"})
 MIN_PASSWORD_CHARS = 8
+QUANTIZATIONS = ("fp8", "awq", "gptq")  # PREFIXDESK_QUANTIZATION's values besides empty (app/engine/precision.py)
 
 Check = Callable[[Any], "str | None"]  # a value's problem ("must be ..."), or None when it is fine
 
@@ -155,9 +156,17 @@ class Settings:
                                              "a token (however slowly their answers are read) before /healthz "
                                              "reports it down and it is restarted as after a crash.",
                                              check=at_least(1, " second"))
-    tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model.")
+    tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model. Empty: the model's own; "
+                              "for a Baichuan2 folder, its tokenizer.model converted to a fast tokenizer with the "
+                              "Baichuan2 chat template under the data dir on first use.")
     dtype: str = _setting("auto", "Weight and activation dtype (auto, bfloat16, float16, float32).")
-    trust_remote_code: bool = _setting(False, "Allow the model's own code (needed by Baichuan2).")
+    quantization: str = _setting("", "Weight quantization: empty (the checkpoint's own weights, or the "
+                                 "quantization_config its config.json carries), fp8 (weights quantized to fp8 as they "
+                                 "load; GPUs of compute capability 8.9 or newer), awq or gptq (a checkpoint quantized "
+                                 "that way). Not available on CPU.", check=lambda v: None if v in ("", *QUANTIZATIONS)
+                                 else f"must be empty or one of {', '.join(QUANTIZATIONS)}, not {v!r}")
+    trust_remote_code: bool = _setting(False, "Allow the model's own Python code (models neither vLLM nor prefixdesk "
+                                       "supports; Baichuan2 needs none).")
     load_format: str = _setting("auto", "vLLM load format; 'dummy' loads random weights for benchmarks.")
     tensor_parallel_size: int = _setting(1, "Number of GPUs one model is split across.", check=at_least(1))
     gpu_memory_utilization: float = _setting(0.9, "Share of GPU memory vLLM may take (GPU only).", check=_share)

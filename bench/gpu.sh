@@ -12,6 +12,16 @@
 #   bash bench/gpu.sh gradio     # the chat's /chat through gradio_client (8 client processes) against the full
 #                                    # app served in-process, Poisson at 50, 70, 90 req/s (60-s windows, 15-s
 #                                    # warm-up): GPU 0 runs repeat 1 while GPU 1 runs repeat 2
+#   bash bench/gpu.sh pack-article  # here, once: .gpu-b (below)
+#   bash bench/gpu.sh article    # ONE H200: the article's three modes (none / static / dynamic, 512-user bursts, raw
+#                                    # vLLM) for the Baichuan2-13B shape (ALiBi) and the 7B shape (RoPE), bf16 and fp8
+#                                    # weights, one engine after another
+#   bash bench/gpu.sh fp8        # ONE H200: the LLaMA-13B shape with fp8 weights at saturation (1,024-user bursts,
+#                                    # raw and through the app, twice each), then its three modes in bf16 beside them
+#   run(command="bash bench/gpu.sh article", carry=[".gpu-b"], kind="nvidia-h200", timeout_s=600)
+# .gpu-b (pack-article): hard links to .gpu's bundle and app-wheels, the two wheels vLLM's fp8 layers import
+# (compressed-tensors, loguru), and the two Baichuan2 shape folders (published configs, the tiny Baichuan
+# tokenizer already converted: the device has no sentencepiece), so neither the router nor Gradio travels.
 # Carried: .gpu/vllm-0.26.0-h200.tar.xz, .gpu/vllm-router-0.1.17.tar.xz and .gpu/serve-wheels
 # (/work/shared/device/pack-serve.sh .gpu), .gpu/app-wheels (this script's "pack"):
 #   run(command="bash bench/gpu.sh one-gpu", carry=[".gpu"], kind="nvidia-h200-x2", timeout_s=600)
@@ -35,7 +45,11 @@ BUDGET=${PD_BUDGET_S:-555}       # the whole call; the device allows 570 s
 DEADLINE=$((T0 + BUDGET - 30))   # benchmarks start no run that would end later; stopping and reporting take ~20 s
 OUT=${OUT:-/tmp/pd-out}
 RES=/tmp/pd-res-$stage
-case $stage in gradio|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;; *) GPU_DIR=${PD_GPU_DIR:-.gpu} ;; esac
+case $stage in
+  gradio|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;;
+  article|fp8|pack-article) GPU_DIR=${PD_GPU_DIR:-.gpu-b} ;;
+  *) GPU_DIR=${PD_GPU_DIR:-.gpu} ;;
+esac
 ROUTER_TAR=$GPU_DIR/vllm-router-0.1.17.tar.xz
 
 download() {  # download DEST NAME==VERSION...: the device's wheels (CPython 3.12, x86-64 Linux), no dependencies
@@ -82,6 +96,31 @@ if [ "$stage" = pack-gradio ]; then
   exit 0
 fi
 
+if [ "$stage" = pack-article ]; then
+  d=$GPU_DIR; PY=${PY:-.venv/bin/python}
+  [ -f .gpu/vllm-0.26.0-h200.tar.xz ] && [ -d .gpu/app-wheels ] || { echo "pack-article needs .gpu (pack) first"; exit 3; }
+  rm -rf "$d"; mkdir -p "$d/app-wheels" "$d/shapes"
+  ln .gpu/vllm-0.26.0-h200.tar.xz "$d/" && ln .gpu/app-wheels/*.whl "$d/app-wheels/" || exit 3
+  download "$d/app-wheels" compressed-tensors==0.17.0 loguru==0.7.3 || exit 3
+  $PY - "$d/shapes" <<'PYEOF' || exit 3
+import shutil, sys, tempfile
+from pathlib import Path
+from app.engine.models import resolve_tokenizer
+from app.engine.models.baichuan_tiny import ensure_real_shape
+out, work = Path(sys.argv[1]), Path(tempfile.mkdtemp())
+for kind in ("13b", "7b"):
+    shape = ensure_real_shape(kind, work, Path("templates"))
+    folder = out / f"baichuan2-{kind}"
+    shutil.copytree(resolve_tokenizer("", shape, work), folder)  # the converted tokenizer, with the shape's config
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy2(shape / name, folder / name)
+    print(folder, sorted(p.name for p in folder.iterdir()))
+PYEOF
+  du -ab "$d"/*.tar.xz "$d"/app-wheels/*.whl; du -sb "$d"/shapes
+  echo "carried $d in all: $(du -sbL "$d" | cut -f1) bytes (limit $((64 << 20)) with the repository's files)"
+  exit 0
+fi
+
 rm -rf "$RES"; mkdir -p "$OUT" "$RES"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false GRADIO_ANALYTICS_ENABLED=False VLLM_NO_USAGE_STATS=1 \
   DO_NOT_TRACK=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -95,6 +134,8 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
     extra=/tmp/site-gradio; wheels+=($GPU_DIR/gradio-wheels/*.whl)
     mkdir -p $extra
     [ -f $extra/gradio/__init__.py ] || tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C $extra || exit 3
+  elif [ $stage = article ] || [ $stage = fp8 ]; then  # in-process engines only: no router
+    extra=/tmp/pd-none; mkdir -p $extra; wheels=($GPU_DIR/serve-wheels/*.whl $GPU_DIR/app-wheels/*.whl)
   else
     extra=/tmp/router; mkdir -p $extra
     [ -d $extra/vllm_router ] || tar -xJf $ROUTER_TAR -C $extra || exit 3
@@ -103,6 +144,9 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
     > /tmp/pd-pip.log 2>&1 || { tail -5 /tmp/pd-pip.log; exit 3; }
   export PYTHONPATH=/tmp/stage/site:/tmp/site2:$extra:$PWD
   PY=python3
+  # The Baichuan2 model plugin's entry point: vLLM reads it from installed metadata, which PYTHONPATH code lacks.
+  $PY -m app.engine.models.plugin_dist /tmp/pd-plugins > /dev/null || exit 3
+  export PYTHONPATH=/tmp/pd-plugins:$PYTHONPATH
   nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
   COMMON="--shape /tmp/stage/model --set dtype=bfloat16 --set temperature=0.8 --set top_p=1.0 --output-len 128"
   WINDOW="--window-s 60 --warmup-s 15 --drain-timeout-s 20"
@@ -111,6 +155,9 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
   R_GRADIO="--rate 50 --rate 70 --rate 90"
   BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
+  B13="--shape $GPU_DIR/shapes/baichuan2-13b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-13b"
+  B7="--shape $GPU_DIR/shapes/baichuan2-7b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-7b"
+  FP8="--set quantization=fp8"; MODES_BURST="--concurrency 512 --num-requests 512"; SAT_BURST="--concurrency 1024"
 else
   # The rehearsal: same stages and flags, CPU sizes. Gradio is hidden, as it is absent on the device, except in
   # the gradio stage, which brings it.
@@ -131,10 +178,14 @@ else
   R_ONE="--rate 2 --rate 3"; R_IN="--rate 2"; R_CLUSTER="--rate 3"; R_POLICY="--rate 3"
   R_GRADIO="--rate 2 --rate 3"
   BURST_CLUSTER="--concurrency 8"; BURST_POLICY="--concurrency 8"
+  B13="--shape baichuan2-tiny-13b"; B7="--shape baichuan2-tiny-7b"  # the tiny checkpoints; the CPU has no fp8
+  FP8=""; MODES_BURST="--concurrency 4 --num-requests 8"; SAT_BURST="--concurrency 8"
 fi
 if [ $stage = gradio ]; then  # the whole app as create_app builds it: the chat, the console and their imports
   needs="gradio, gradio_client, multipart, app.web.chat, app.console.context, app.console.ui, app.console.login
 print('=== gradio', gradio.__version__, 'from', gradio.__file__)"
+elif [ $stage = article ] || [ $stage = fp8 ]; then
+  needs="app.engine.models.baichuan"
 else
   needs=vllm_router
 fi
@@ -177,7 +228,7 @@ wait_all() {  # until every benchmark exited or the budget is spent; a failed on
     for i in "${!pids[@]}"; do
       [ -n "${finished[$i]:-}" ] && continue
       if kill -0 ${pids[$i]} 2>/dev/null; then running=1; continue; fi
-      wait ${pids[$i]}; local rc=$?; finished[$i]=1
+      wait ${pids[$i]}; local rc=$?; finished[$i]=1; last_rc=$rc
       echo "=== $(date +%T) ${names[$i]} exited $rc after $(( $(date +%s) - T0 )) s"
       if [ $rc -ne 0 ]; then echo "--- ${names[$i]}: end of its log"; grep -v -E "INFO|Warning|warn" $RES/${names[$i]}.log | tail -40; fi
     done
@@ -220,6 +271,34 @@ saturation)
   done_names=("${names[@]}"); names=(); pids=()
   start T -- --shape qwen2.5-7b --tokenizer-from /tmp/stage/model --paths raw,app --concurrency 1024 \
     --num-requests 1024 --burst-repeats 2 --burst-timeout-s 120
+  ;;
+article)
+  # One engine after another on the one GPU (each its own process: its memory is back before the next starts). The
+  # 13B shape runs first, so a plugin that fails on this vLLM shows within a minute; fp8 runs static and dynamic
+  # only (its no-reuse row would repeat bf16's story at another speed). Each engine: ~70 s to start, then
+  # ~25 s (none), ~8 s (static), ~15 s (dynamic).
+  # If the first engine fails (the plugin on a vLLM it was not yet run on), the call measures the fp8 stage's
+  # saturation target instead, so the device time is not lost.
+  # Most important first: the call's deadline skips the last runs.
+  for spec in "B13 $B13 --modes none,static,dynamic" "B7 $B7 --modes none,static,dynamic" \
+              "B13F $B13 $FP8 --modes static,dynamic" "B7F $B7 $FP8 --modes static,dynamic"; do
+    set -- $spec; name=$1; shift
+    start $name -- --paths raw $MODES_BURST "$@"
+    wait_all; done_names+=("${names[@]}"); names=(); pids=()
+    if [ $name = B13 ] && [ "${last_rc:-1}" != 0 ]; then
+      echo "=== the Baichuan2 13B shape failed: the fp8 stage's saturation target instead"
+      start L8 -- $FP8 --paths raw,app $SAT_BURST --num-requests ${SAT_BURST##* } --burst-repeats 2 --burst-timeout-s 120
+      break
+    fi
+  done
+  ;;
+fp8)
+  # The target: the LLaMA-13B shape with fp8 weights at saturation, raw vLLM and through the app (the Desk: template,
+  # prompt, stream), 1,024-user bursts, twice each; then the same shape's three modes in bf16 (512-user bursts) for
+  # the article's table beside the Baichuan2 shapes.
+  start L8 -- $FP8 --paths raw,app $SAT_BURST --num-requests ${SAT_BURST##* } --burst-repeats 2 --burst-timeout-s 120
+  wait_all; done_names+=("${names[@]}"); names=(); pids=()
+  start L16 -- --paths raw $MODES_BURST --modes none,static,dynamic
   ;;
 gradio)
   # The chat's /chat (Gradio's queue, streamed) through gradio_client from $CLIENTS client processes of 64 threads

@@ -108,7 +108,7 @@ class Session:
 
     async def _start_and_measure(self) -> None:
         from app.core.prompts import PromptBuilder
-        from app.engine import resolve_model_path
+        from app.engine import resolve_model_path, resolve_tokenizer
         from bench.shapes import kv_bytes_per_token, resolve_shape
 
         args = self.args
@@ -117,7 +117,7 @@ class Session:
         settings = build_settings(args)
         demo_dir = resolve_model_path(settings.replace(model="")) if args.shape == "cpu-prefill" else None
         shape = resolve_shape(args.shape, data_dir=settings.data_dir, demo_model_dir=demo_dir,
-                              tokenizer_dir=args.tokenizer_from)
+                              tokenizer_dir=args.tokenizer_from, templates_dir=settings.templates_dir)
         if shape.model_dir is not None:
             settings = settings.replace(model=str(shape.model_dir), load_format=shape.load_format)
         model_dir = Path(resolve_model_path(settings))
@@ -145,7 +145,9 @@ class Session:
             cluster_ready = asyncio.create_task(asyncio.to_thread(self.cluster.start, self._time_left(600)))
             self.cluster_ready = cluster_ready
 
-        prompts = PromptBuilder(settings.tokenizer or model_dir, max_model_len=settings.max_model_len,
+        # The prompts are the app's: a Baichuan2 folder's tokenizer is converted as the app converts it.
+        tokenizer = resolve_tokenizer(settings, model_dir)
+        prompts = PromptBuilder(tokenizer, max_model_len=settings.max_model_len,
                                 max_tokens=settings.max_tokens, drop_oldest_turns=False,
                                 trust_remote_code=settings.trust_remote_code)
         self.prompts = prompts

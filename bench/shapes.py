@@ -5,6 +5,10 @@
   short answer (``load_format="dummy"``), with the demo tokenizer;
 * ``qwen2.5-7b``: Qwen2.5-7B-Instruct's published shape (GQA, 28 query / 4 KV heads), config
   written here, tokenizer copied from a tokenizer folder (the 13B bundle's Qwen2.5 tokenizer);
+* ``baichuan2-13b``, ``baichuan2-7b``: Baichuan2's published shapes (13B: ALiBi, 7B: RoPE) served by the
+  app's own model plugin, with the tiny Baichuan tokenizer (app/engine/models/baichuan_tiny.py);
+  ``baichuan2-tiny-13b``, ``baichuan2-tiny-7b``: the tiny checkpoints themselves (real weights), for
+  rehearsing on a CPU;
 * any other value is a model folder used as is (the 13B shape in the device bundle).
 """
 
@@ -42,7 +46,7 @@ class Shape:
 
 
 def resolve_shape(name: str, *, data_dir: Path, demo_model_dir: Path | None = None,
-                  tokenizer_dir: Path | None = None) -> Shape:
+                  tokenizer_dir: Path | None = None, templates_dir: Path = Path("templates")) -> Shape:
     """The model folder for ``name``; writes the configs of generated shapes under ``data_dir``."""
     if name == "demo":
         return Shape("demo", None, "auto")
@@ -57,6 +61,15 @@ def resolve_shape(name: str, *, data_dir: Path, demo_model_dir: Path | None = No
         if tokenizer_dir is None:
             raise ValueError("qwen2.5-7b needs --tokenizer-from, a folder with a Qwen2.5 tokenizer")
         return Shape(name, _write_shape(data_dir / "shapes" / "qwen2.5-7b", QWEN25_7B_CONFIG, tokenizer_dir), "dummy")
+    if name.startswith("baichuan2-"):
+        from app.engine.models.baichuan_tiny import ensure_real_shape, ensure_tiny_baichuan
+
+        kind = name.rsplit("-", 1)[1]
+        if kind not in ("7b", "13b"):
+            raise ValueError(f"--shape {name!r}: Baichuan2 shapes are 7b and 13b")
+        if name.startswith("baichuan2-tiny-"):
+            return Shape(name, ensure_tiny_baichuan(kind, data_dir, templates_dir), "auto")
+        return Shape(name, ensure_real_shape(kind, data_dir, templates_dir), "dummy")
     folder = Path(name)
     if not (folder / "config.json").exists():
         raise ValueError(f"--shape {name!r} is neither demo, cpu-prefill, qwen2.5-7b nor a folder with config.json")

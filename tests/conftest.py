@@ -150,3 +150,22 @@ def limited(services, engine_loop, tmp_path_factory):
     with SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
                       max_streams_per_client=2, max_tokens=600) as url:
         yield url
+
+
+# -- the Baichuan2 plugin's tests ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def baichuan_plugin(tmp_path_factory) -> None:
+    """The plugin's entry point, visible to this process and every process it starts."""
+    from tests.helpers.baichuan import make_plugin_visible
+
+    make_plugin_visible(tmp_path_factory.mktemp("plugin-dist"))
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """The tiny checkpoint of each kind ("7b": RoPE, safetensors; "13b": ALiBi, pytorch .bin)."""
+    from tests.helpers.baichuan import build_tiny_models
+
+    return build_tiny_models(tmp_path_factory.mktemp("tiny-baichuan"))

@@ -16,7 +16,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.engine import resolve_tokenizer
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
+from app.engine.models import attention_backend
+from app.engine.precision import check_quantization
+from app.engine.types import EngineStartError
 from app.settings import Settings
 
 POLICIES = ("consistent_hash", "cache_aware", "round_robin", "power_of_two", "random", "kv_aware")
@@ -107,6 +111,11 @@ def plan_cluster(options: ClusterOptions, settings: Settings, model: Path | str,
         raise ClusterError(
             f"--replicas {options.replicas} x --cores-per-replica {per} needs {options.replicas * per} cores, but this "
             f"process may use {len(cpus)}; lower --replicas or --cores-per-replica")
+    try:
+        check_quantization(settings.quantization, model, on_cpu=on_cpu, capability=None)  # vLLM checks the GPU's
+        tokenizer = resolve_tokenizer(settings, model)  # Baichuan2's converted tokenizer, as the app's own engine
+    except EngineStartError as exc:
+        raise ClusterError(str(exc)) from None
     api_servers = options.api_servers or (1 if on_cpu else GPU_API_SERVERS)
     logs = Path(settings.data_dir).resolve() / "cluster"
     near = _near(options.host)
@@ -117,7 +126,7 @@ def plan_cluster(options: ClusterOptions, settings: Settings, model: Path | str,
         cores = tuple(cpus[i * per:(i + 1) * per]) if on_cpu else ()
         gpus = () if on_cpu else tuple(range(i * tp, (i + 1) * tp))
         argv = _serve_argv(settings, model, on_cpu=on_cpu, host=options.host, port=port, api_servers=api_servers,
-                           kv_events=f"tcp://*:{events}")
+                           kv_events=f"tcp://*:{events}", tokenizer=tokenizer)
         env = [("VLLM_SERVER_DEV_MODE", "1"), ("VLLM_NO_USAGE_STATS", "1"), ("DO_NOT_TRACK", "1")]
         if on_cpu:
             env.append(("VLLM_CPU_OMP_THREADS_BIND", ",".join(map(str, cores))))
@@ -167,7 +176,7 @@ def usable_cpus() -> tuple[int, ...]:
 
 
 def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: str, port: int, api_servers: int,
-                kv_events: str) -> tuple[str, ...]:
+                kv_events: str, tokenizer: str) -> tuple[str, ...]:
     """``vllm serve`` with the flags the in-process engine would use, plus what the app reads remotely."""
     flags = resolve_flags(settings, on_cpu=on_cpu)
     # vllm-cpu's own CLI fails on its package name; the wrapper runs the same entry point.
@@ -186,8 +195,12 @@ def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: st
             "--enable-prompt-tokens-details",
             "--kv-events-config", json.dumps(events), "--middleware", REPLICA_MIDDLEWARE,
             "--uvicorn-log-level", "warning"]
-    if settings.tokenizer:
-        argv += ["--tokenizer", settings.tokenizer]
+    if tokenizer != str(model):
+        argv += ["--tokenizer", tokenizer]
+    if settings.quantization:
+        argv += ["--quantization", settings.quantization]
+    if backend := attention_backend(model, on_cpu=on_cpu):
+        argv += ["--attention-backend", backend]
     if settings.trust_remote_code:
         argv.append("--trust-remote-code")
     if flags.enforce_eager:

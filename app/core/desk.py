@@ -282,6 +282,6 @@ def _result(text: str, status: str, error: str | None, stats: RequestStats) -> A
         text=text, status=status, error=error, prompt_tokens=stats.prompt_tokens,
         num_cached_tokens=stats.num_cached_tokens, ttft_ms=round(stats.ttft_ms, 1),
         output_tokens=stats.output_tokens, decode_tokens_per_s=round(stats.decode_tokens_per_s, 1),
-        replica=stats.replica or None,
+        replica=stats.replica or None, finish_reason=stats.finish_reason,
     )
 

@@ -3,6 +3,12 @@
 ``begin_turn`` stores the user's message and an empty answer row (status ``generating``) in one
 transaction, so the question is kept even if the answer never comes; ``finish_answer`` ends that
 row as ok, stopped or error with its stats.
+
+A conversation is answered by the model until its customer asks for a person (``request_person``:
+handoff "waiting"); an operator then takes it (``take``: "person"), writes replies that are stored as
+answers with the operator as author (``person_reply``), and hands it back (``release``). Operators'
+actions are audited in the same transaction. Every function that a customer's request reaches takes
+the customer's ``session_key`` and acts only on conversations it owns.
 """
 
 from __future__ import annotations
@@ -10,10 +16,24 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import Conversation, Message, Template, utcnow
+from app.db import audit
+from app.db.models import Conversation, Message, Rating, Template, utcnow
 from app.db.rows import AnswerResult, ConversationRow, MessageRow, TurnIds
 
 TITLE_CHARS = 60
+MAX_REASON_CHARS = 500
+HANDOFF_STATES = ("", "waiting", "person")
+
+
+class NotYours(LookupError):
+    """The conversation or message does not exist, or belongs to another browser (the same answer for both)."""
+
+    def __init__(self) -> None:
+        super().__init__("That conversation does not exist here; please start a new one.")
+
+
+class HandoffError(ValueError):
+    """A hand-off step that does not fit the conversation's state; the message says what it is."""
 
 
 def owner(s: Session, *, conversation_id: int) -> str | None:
@@ -27,12 +47,13 @@ def list_for(s: Session, *, session_key: str, limit: int = 50) -> list[Conversat
         select(Conversation, Template.name, func.count(Message.id))
         .join(Template, Conversation.template_id == Template.id)
         .outerjoin(Message, Message.conversation_id == Conversation.id)
-        .where(Conversation.session_key == session_key)
+        .where(Conversation.session_key == session_key, Conversation.deleted_at.is_(None))
         .group_by(Conversation.id, Template.name)
         .order_by(Conversation.id.desc())
         .limit(limit)
     ).all()
-    return [ConversationRow(c.id, c.title, name, c.created_at, n) for c, name, n in rows]
+    return [ConversationRow(c.id, c.title, name, c.created_at, n, c.handoff, c.template_version_id)
+            for c, name, n in rows]
 
 
 def template_of(s: Session, *, conversation_id: int) -> str | None:
@@ -44,7 +65,8 @@ def messages(s: Session, *, conversation_id: int) -> list[MessageRow]:
     """The conversation as shown and sent as context: answers replaced by a retry are left out."""
     rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.status != "replaced")
                      .order_by(Message.id)).all()
-    return [_row(m) for m in rows]
+    ratings = {r.message_id: r for r in s.scalars(select(Rating).where(Rating.conversation_id == conversation_id))}
+    return [_row(m, ratings.get(m.id)) for m in rows]
 
 
 def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, template_id: int,
@@ -52,7 +74,8 @@ def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, tem
     """Store the user's message (and a new conversation if ``conversation_id`` is None) with an empty
     answer row of status ``generating``."""
     if conversation_id is None:
-        conv = Conversation(session_key=session_key, template_id=template_id, title=text[:TITLE_CHARS], tenant=tenant)
+        conv = Conversation(session_key=session_key, template_id=template_id, title=text[:TITLE_CHARS], tenant=tenant,
+                            template_version_id=template_version_id)
         s.add(conv)
         s.flush()
         conversation_id = conv.id
@@ -98,15 +121,125 @@ def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> Messa
     m.output_tokens = result.output_tokens
     m.decode_tokens_per_s = result.decode_tokens_per_s
     m.replica = result.replica
+    m.finish_reason = result.finish_reason
     m.finished_at = utcnow()
     s.flush()
     return _row(m)
 
 
-def _row(m: Message) -> MessageRow:
+# -- what a customer does to a conversation of their own --------------------------------------------------
+
+
+def rate(s: Session, *, session_key: str, message_id: int, thumbs: int, reason: str = "") -> MessageRow:
+    """Store the customer's thumbs (+1 or -1) on one of their answers, replacing an earlier rating."""
+    if thumbs not in (1, -1):
+        raise ValueError("thumbs must be +1 or -1")
+    m = _own_answer(s, session_key, message_id)
+    rating = s.scalar(select(Rating).where(Rating.message_id == m.id))
+    if rating is None:
+        rating = Rating(message_id=m.id, conversation_id=m.conversation_id, template_version_id=m.template_version_id,
+                        thumbs=thumbs, reason=reason[:MAX_REASON_CHARS])
+        s.add(rating)
+    else:
+        rating.thumbs, rating.reason, rating.updated_at = thumbs, reason[:MAX_REASON_CHARS], utcnow()
+    s.flush()
+    return _row(m, rating)
+
+
+def set_first_visible(s: Session, *, session_key: str, message_id: int, ms: float) -> None:
+    """Keep when the answer's first glyph reached the customer's screen (their browser measured it); the
+    first report counts, a later one for the same answer is ignored."""
+    m = _own_answer(s, session_key, message_id)
+    if m.first_visible_ms is None:
+        m.first_visible_ms = round(ms, 1)
+
+
+def rename(s: Session, *, session_key: str, conversation_id: int, title: str) -> None:
+    _own(s, session_key, conversation_id).title = title[:TITLE_CHARS]
+
+
+def delete(s: Session, *, session_key: str, conversation_id: int) -> None:
+    """Take the conversation off the customer's list (the record stays for the operators)."""
+    _own(s, session_key, conversation_id).deleted_at = utcnow()
+
+
+def request_person(s: Session, *, session_key: str, conversation_id: int) -> bool:
+    """Mark the conversation as waiting for a person; False when it already waits or is with one."""
+    c = _own(s, session_key, conversation_id)
+    if c.handoff:
+        return False
+    c.handoff, c.handoff_requested_at = "waiting", utcnow()
+    return True
+
+
+def handoff_of(s: Session, *, conversation_id: int) -> str:
+    """"" (the model answers), "waiting" or "person"; "" for a conversation that does not exist."""
+    return s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or ""
+
+
+# -- what an operator does (audited) ----------------------------------------------------------------------
+
+
+def take(s: Session, *, conversation_id: int, operator: str) -> None:
+    """An operator takes a conversation that waits for a person (or one a colleague holds)."""
+    c = s.get(Conversation, conversation_id)
+    if c is None:
+        raise LookupError(f"conversation {conversation_id} does not exist")
+    if not c.handoff:
+        raise HandoffError(f"conversation {conversation_id} did not ask for a person")
+    before = c.handoff_operator or c.handoff
+    c.handoff, c.handoff_operator = "person", operator
+    audit.record(s, user=operator, action="take conversation", target=str(conversation_id), field="answered by",
+                 before=before, after=operator)
+
+
+def person_reply(s: Session, *, conversation_id: int, operator: str, text: str) -> MessageRow:
+    """Store an operator's reply as an answer of the conversation, with the operator as its author."""
+    c = s.get(Conversation, conversation_id)
+    if c is None or c.handoff != "person" or c.handoff_operator != operator:
+        raise HandoffError(f"take conversation {conversation_id} before replying to it")
+    now = utcnow()
+    m = Message(conversation_id=conversation_id, role="assistant", text=text, status="ok", author=operator,
+                template_version_id=c.template_version_id, created_at=now, finished_at=now)
+    s.add(m)
+    s.flush()
+    audit.record(s, user=operator, action="reply as a person", target=str(conversation_id), field="characters",
+                 after=len(text))
+    return _row(m)
+
+
+def release(s: Session, *, conversation_id: int, operator: str) -> None:
+    """Hand the conversation back to the model."""
+    c = s.get(Conversation, conversation_id)
+    if c is None or not c.handoff:
+        raise HandoffError(f"conversation {conversation_id} is not with a person")
+    before = c.handoff_operator or c.handoff
+    c.handoff, c.handoff_operator, c.handoff_requested_at = "", "", None
+    audit.record(s, user=operator, action="release conversation", target=str(conversation_id), field="answered by",
+                 before=before, after="model")
+
+
+def _own(s: Session, session_key: str, conversation_id: int) -> Conversation:
+    c = s.get(Conversation, conversation_id)
+    if c is None or c.session_key != session_key or c.deleted_at is not None:
+        raise NotYours()
+    return c
+
+
+def _own_answer(s: Session, session_key: str, message_id: int) -> Message:
+    m = s.get(Message, message_id)
+    if m is None or m.role != "assistant" or m.status in ("generating", "replaced"):
+        raise NotYours()
+    _own(s, session_key, m.conversation_id)
+    return m
+
+
+def _row(m: Message, rating: Rating | None = None) -> MessageRow:
     return MessageRow(
         id=m.id, conversation_id=m.conversation_id, role=m.role, text=m.text, status=m.status, error=m.error,
         template_version_id=m.template_version_id, prompt_tokens=m.prompt_tokens,
         num_cached_tokens=m.num_cached_tokens, ttft_ms=m.ttft_ms, output_tokens=m.output_tokens,
         decode_tokens_per_s=m.decode_tokens_per_s, replica=m.replica, created_at=m.created_at,
+        finish_reason=m.finish_reason, author=m.author, first_visible_ms=m.first_visible_ms,
+        rating=rating.thumbs if rating else None, rating_reason=rating.reason if rating else "",
     )

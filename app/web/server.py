@@ -31,7 +31,7 @@ from app.core.limits import ClientLimiter
 from app.core.prompts import PromptBuilder, system_text
 from app.db import Database, open_database
 from app.db import templates as db_templates
-from app.engine import Engine, build_engine, resolve_model_path
+from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
 from app.settings import Settings, SettingsError
 from app.web.guards import RequestGuard
 from app.web.openai_api import build_openai_router
@@ -73,7 +73,7 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     if added:
         log.info("seeded %d templates from %s", added, settings.templates_dir)
     model = engine.info.model if engine else resolve_model_path(settings)
-    prompts = PromptBuilder(settings.tokenizer or model, max_model_len=settings.max_model_len,
+    prompts = PromptBuilder(resolve_tokenizer(settings, model), max_model_len=settings.max_model_len,
                             max_tokens=settings.max_tokens, drop_oldest_turns=settings.drop_oldest_turns,
                             trust_remote_code=settings.trust_remote_code)
     catalog = TemplateCatalog(db, prompts)
@@ -249,7 +249,7 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         reason = health.reason or ("" if ready else "warming the templates")
         body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
                 "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
-                "num_blocks": info.num_blocks, "restarts": services.engine.restarts,
+                "num_blocks": info.num_blocks, "precision": info.precision, "restarts": services.engine.restarts,
                 "restarting": services.engine.restarting}
         if replicas := services.engine.replicas():
             body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]

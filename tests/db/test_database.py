@@ -61,13 +61,25 @@ def fresh_db(request, tmp_path):
 def test_migrations_make_every_table_and_the_seed_fills_them(fresh_db):
     tables = set(inspect(fresh_db.engine).get_table_names())
     assert tables == {"alembic_version", "templates", "template_versions", "conversations", "messages",
-                      "cache_samples", "audit", "operators", "admin_sessions", "leases", "revisions"}
+                      "cache_samples", "audit", "operators", "admin_sessions", "leases", "revisions", "ratings",
+                      "options"}
     names = [t.name for t in fresh_db.run(db_templates.published)]
     assert names == ["电商客服", "support-en", "商城通用规则", "电子产品", "服装鞋包"]
     families = {t.name: (t.family, t.internal) for t in fresh_db.run(db_templates.published)}
     assert families["电子产品"] == ("商城通用规则", False) and families["商城通用规则"] == ("商城通用规则", True)
     assert fresh_db.run(db_templates.revision) == 1
     assert fresh_db.run(db_templates.seed, template_files.read_folder(ROOT / "templates")) == 0  # only when empty
+
+
+def test_the_migrated_schema_is_exactly_the_models(fresh_db):
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from app.db.models import Base
+
+    with fresh_db.engine.connect() as c:
+        drift = compare_metadata(MigrationContext.configure(c, opts={"compare_type": False}), Base.metadata)
+    assert drift == []
 
 
 def test_a_turn_is_stored_before_the_answer_and_finished_after(fresh_db):
@@ -102,6 +114,65 @@ def test_a_retry_replaces_the_last_answer_and_keeps_the_old_one_for_the_record(f
     statuses = fresh_db.run(lambda s: [r[0] for r in s.execute(text(
         "select status from messages where role = 'assistant' order by id")).all()])
     assert statuses == ["replaced", "generating"]
+
+
+def test_a_customer_rates_renames_and_deletes_only_their_own(fresh_db):
+    run = fresh_db.run
+    t = run(db_templates.published)[0]
+    turn = run(db_conversations.begin_turn, session_key="mine", conversation_id=None, template_id=t.id,
+               template_version_id=t.version_id, text="q")
+    run(db_conversations.finish_answer, message_id=turn.answer_id,
+        result=AnswerResult(text="a", status="ok", finish_reason="length"))
+    rated = run(db_conversations.rate, session_key="mine", message_id=turn.answer_id, thumbs=-1, reason="太短" * 300)
+    assert (rated.rating, len(rated.rating_reason), rated.cut_off) == (-1, 500, True)
+    run(db_conversations.rate, session_key="mine", message_id=turn.answer_id, thumbs=1)  # a second rating replaces it
+    run(db_conversations.set_first_visible, session_key="mine", message_id=turn.answer_id, ms=81.26)
+    run(db_conversations.set_first_visible, session_key="mine", message_id=turn.answer_id, ms=5000)  # the first counts
+    answer = run(db_conversations.messages, conversation_id=turn.conversation_id)[-1]
+    assert (answer.rating, answer.rating_reason, answer.first_visible_ms, answer.finish_reason) == (1, "", 81.3, "length")
+    assert run(lambda s: s.execute(text("select count(*) from ratings")).scalar()) == 1
+    refused = [("a stranger", db_conversations.rate, dict(message_id=turn.answer_id, thumbs=1)),
+               ("mine", db_conversations.rate, dict(message_id=turn.user_message_id, thumbs=1)),  # not an answer
+               ("a stranger", db_conversations.set_first_visible, dict(message_id=turn.answer_id, ms=1.0)),
+               ("a stranger", db_conversations.rename, dict(conversation_id=turn.conversation_id, title="x")),
+               ("a stranger", db_conversations.delete, dict(conversation_id=turn.conversation_id)),
+               ("a stranger", db_conversations.request_person, dict(conversation_id=turn.conversation_id))]
+    for session_key, call, kwargs in refused:
+        with pytest.raises(db_conversations.NotYours, match="That conversation does not exist here"):
+            run(call, session_key=session_key, **kwargs)
+    run(db_conversations.rename, session_key="mine", conversation_id=turn.conversation_id, title="退货" * 40)
+    [conv] = run(db_conversations.list_for, session_key="mine")
+    assert (conv.title, conv.template_version_id) == ("退货" * 30, t.version_id)
+    run(db_conversations.delete, session_key="mine", conversation_id=turn.conversation_id)
+    assert run(db_conversations.list_for, session_key="mine") == []
+    with pytest.raises(db_conversations.NotYours):
+        run(db_conversations.rename, session_key="mine", conversation_id=turn.conversation_id, title="again")
+
+
+def test_a_person_takes_answers_and_releases_a_conversation_and_each_step_is_audited(fresh_db):
+    run = fresh_db.run
+    t = run(db_templates.published)[0]
+    turn = run(db_conversations.begin_turn, session_key="c", conversation_id=None, template_id=t.id,
+               template_version_id=t.version_id, text="我要人工")
+    with pytest.raises(db_conversations.HandoffError, match="did not ask for a person"):
+        run(db_conversations.take, conversation_id=turn.conversation_id, operator="alice")
+    assert run(db_conversations.request_person, session_key="c", conversation_id=turn.conversation_id) is True
+    assert run(db_conversations.request_person, session_key="c", conversation_id=turn.conversation_id) is False
+    assert run(db_conversations.handoff_of, conversation_id=turn.conversation_id) == "waiting"
+    with pytest.raises(db_conversations.HandoffError, match="take conversation"):
+        run(db_conversations.person_reply, conversation_id=turn.conversation_id, operator="alice", text="您好")
+    run(db_conversations.take, conversation_id=turn.conversation_id, operator="alice")
+    reply = run(db_conversations.person_reply, conversation_id=turn.conversation_id, operator="alice", text="您好，我是小王")
+    assert (reply.role, reply.author, reply.status, reply.template_version_id) == ("assistant", "alice", "ok",
+                                                                                   t.version_id)
+    with pytest.raises(db_conversations.HandoffError, match="take conversation"):
+        run(db_conversations.person_reply, conversation_id=turn.conversation_id, operator="bob", text="我也来")
+    run(db_conversations.release, conversation_id=turn.conversation_id, operator="alice")
+    assert run(db_conversations.handoff_of, conversation_id=turn.conversation_id) == ""
+    entries = [(e.user, e.action, e.field, e.before, e.after) for e in reversed(run(db_audit.recent))]
+    assert entries == [("alice", "take conversation", "answered by", "waiting", "alice"),
+                       ("alice", "reply as a person", "characters", None, "7"),
+                       ("alice", "release conversation", "answered by", "alice", "model")]
 
 
 def test_versions_publish_stale_saves_flags_and_the_audit(fresh_db):

