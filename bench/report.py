@@ -303,6 +303,28 @@ def replica_table(summaries: Sequence[RunSummary]) -> str:
     return "\n".join(lines) if len(lines) > 1 else ""
 
 
+def app_table(summaries: Sequence[RunSummary]) -> str:
+    """Runs against an app with its own engine (and chat runs anywhere): the engine's running / waiting peaks and
+    restarts in the run, the client's lag, and the chat's page load, updates and bytes per answer; "" if none."""
+    rows = [s for s in summaries if s.updates_mean is not None or s.engine_restarts != 0 or s.path == "remote"]
+    if not rows:
+        return ""
+    lines = [f"{'path':<8}{'schedule':<18}{'run':>4}{'req/s':>8}{'TTFT p50':>9}{'p99':>8}{'e2e p50':>8}{'p99':>8}"
+             f"{'lag p99':>8}{'loop p99':>9}{'running':>8}{'waiting':>8}{'restarts':>9}{'load p50':>9}{'updates':>8}"
+             f"{'KiB/ans':>8}"]
+
+    def num(v, fmt: str) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    for s in rows:
+        lines.append(f"{s.path:<8}{s.schedule:<18}{s.repeat:>4}{s.req_per_s:>8.2f}{num(s.ttft_p50_ms, '.0f'):>9}"
+                     f"{num(s.ttft_p99_ms, '.0f'):>8}{num(s.e2e_p50_ms, '.0f'):>8}{num(s.e2e_p99_ms, '.0f'):>8}"
+                     f"{s.client_lag_p99_ms:>8.1f}{s.client_loop_lag_p99_ms:>9.1f}{s.running_peak:>8}{s.waiting_peak:>8}"
+                     f"{num(s.engine_restarts, 'd'):>9}{num(s.load_p50_ms, '.0f'):>9}{num(s.updates_mean, '.1f'):>8}"
+                     f"{num(s.stream_bytes_mean and s.stream_bytes_mean / 1024, '.1f'):>8}")
+    return "\n".join(lines)
+
+
 def lag_table(summaries: Sequence[RunSummary]) -> str:
     """The load generator's own numbers per run: request lag p50/p99/max and event-loop lag p99/max."""
     lines = [f"{'path':<8}{'mode':<9}{'schedule':<18}{'run':>4}{'procs':>6}{'lag p50':>9}{'p99':>8}{'max':>8}"

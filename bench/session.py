@@ -572,6 +572,9 @@ class Session:
         if replicas := report.replica_table(runs):
             print()
             print(replicas)
+        if app := report.app_table(runs):
+            print()
+            print(app)
         closed = [s for s in runs if s.window_s == 0 and s.path in ("raw", "app", "http") and s.mode in report.ARTICLE]
         if closed:
             print()
