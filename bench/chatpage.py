@@ -5,10 +5,11 @@ process to find the page-load event and the message box's submit event (their ``
 trigger and inputs), then plays each simulated customer as a fresh browser session, exactly as
 chromium does (watched with Playwright's ``page.on("request")``):
 
-1. ``POST /gradio_api/queue/join`` with the load event and a new ``session_hash``, then the SSE
-   ``GET /gradio_api/queue/data?session_hash=…`` until ``close_stream``: the page load, which gives
-   the session key and fills the template picker (the send event refuses a template that is not
-   among the picker's choices, so it cannot be skipped);
+1. the page load's event with a new ``session_hash``: ``POST /gradio_api/run/predict`` (the chat's
+   is outside the queue), or for a queued one ``POST /gradio_api/queue/join`` and the SSE
+   ``GET /gradio_api/queue/data?session_hash=…`` until ``close_stream``; it gives the session key and
+   fills the template picker (the send event refuses a template that is not among the picker's
+   choices, so it cannot be skipped);
 2. the same two requests for the submit event with (question, template, the session key; ``null``
    for the server-side states), reading ``process_generating`` diffs until ``process_completed``;
 3. the events the page chains after it (``.then``: the sidebar's refresh), as the browser triggers

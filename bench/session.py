@@ -304,9 +304,12 @@ class Session:
                     for path in a.paths]
         data = s.data_dir / "bench-embedded-app"
         shutil.rmtree(data, ignore_errors=True)
+        # The app's own limit of answers at once (twice max_num_seqs): Gradio's queue keeps a job slot for each, and
+        # with the benchmark's 100,000 its housekeeping walks them all, which no deployment does.
         env = settings_env(s, engine="local", web_processes=1, host="127.0.0.1", port=free_port(), data_dir=str(data),
                            database_url="", templates_dir=str(folder), max_tokens=a.output_len, ignore_eos=True,
-                           warm_on_start=True, keep_warm_interval_s=0.0, sample_interval_s=APP_SAMPLE_INTERVAL_S)
+                           warm_on_start=True, keep_warm_interval_s=0.0, sample_interval_s=APP_SAMPLE_INTERVAL_S,
+                           max_concurrent_requests=0)
         app = AppProcess(env, log_path=s.data_dir / "bench-app.log", web_processes=1, api_only=False)
         app.log_path.unlink(missing_ok=True)
         app.start()

@@ -69,8 +69,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return gr.update(choices=names, value=names[0] if names else None)
 
     async def on_load(session_key: str):
-        session_key = _session(session_key)
-        return session_key, picker(), await _conversation_choices(desk, session_key, t)
+        issued = _session(session_key)
+        if issued != session_key:  # a browser this server has not seen has no conversations to list
+            return issued, picker(), gr.update(choices=[], value=None, label=t["no_conversations"])
+        return issued, picker(), await _conversation_choices(desk, issued, t)
 
     async def on_screen(request, base: list, conversation_id, session_key: str, answer):
         """(chatbot, shown, conversation id, session key) while ``answer(caller)`` runs: the question at once,
@@ -84,7 +86,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         events = _Ahead(answer(caller))
         try:
             yield base, base, conversation_id, session_key
-            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+            async for update in _stream(events, base, conversation_id, session_key, t, language):
                 yield update
         except DeskInputError as exc:
             shown = base + [_notice(str(exc), t)]
@@ -205,7 +207,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         # would run on while after_stop waits for it to be stored as stopped.
         stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
         stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
-        demo.load(on_load, [session_key], [session_key, template, conversations], **private)
+        # One short request when the page loads, outside the queue (no event stream to open and close for it).
+        demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
                             [chatbot, shown, conversation_id, template], **private)
         new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
@@ -246,9 +249,9 @@ class _Ahead:
         await self._events.aclose()
 
 
-async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
+async def _stream(events, base: list, conversation_id, session_key: str, t: dict, language: str):
     """(chatbot, shown, conversation id, session key) for each of the desk's events: the answer so far, then
-    the stored conversation.
+    the conversation as stored.
 
     The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
     event is taken only then, and the engine's output gathers meanwhile, so each update carries all
@@ -258,6 +261,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
     """
     loop = asyncio.get_running_loop()
     next_update_at = 0.0
+    asked_in = conversation_id
     while True:
         if (wait_s := next_update_at - loop.time()) > 0:
             await asyncio.sleep(wait_s)
@@ -271,9 +275,11 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
             yield (base + [_message("assistant", event.text)], gr.skip(),
                    gr.skip() if known == conversation_id else conversation_id, session_key)
         elif isinstance(event, Finished):
-            rows = await desk.conversation(session_key=session_key,
-                                           conversation_id=event.message.conversation_id) or []
-            messages = _history_messages(rows, t, language)
+            # The conversation as stored, with no second read of the database: what was shown (stored messages,
+            # and last the question as the desk stores it; a new conversation is the question alone) and the
+            # answer's stored row.
+            shown = base if asked_in == event.message.conversation_id else base[-1:]
+            messages = shown + _answer_messages(event.message, t, language)
             yield messages, messages, event.message.conversation_id, session_key
 
 
