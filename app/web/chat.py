@@ -155,7 +155,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages, conversation_id, template
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
-                       request: gr.Request):
+                       request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
             args = _api_args(message, history, template, conversation_id, tenant, t)
@@ -214,11 +214,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
         template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
 
-        with gr.Row(visible=False):
-            api_inputs = [gr.JSON() for _ in range(5)]
-            api_out = gr.JSON()
-            api_btn = gr.Button()
-        api_btn.click(api_chat, api_inputs, api_out, api_name="chat", concurrency_limit=None)
+        # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
+        # configures again for every new browser session.
+        gr.api(api_chat, api_name="chat", concurrency_limit=None)
     return demo
 
 
