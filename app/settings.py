@@ -205,6 +205,10 @@ class Settings:
                                           "together); 0 turns the limit off.", check=at_least(0))
     max_streams_per_client: int = _setting(8, "Answers one client address may have streaming at once; 0 turns the "
                                            "limit off.", check=at_least(0))
+    chat_updates_per_s: int = _setting(2000, "Screen updates a second the chat sends, all streaming answers together: "
+                                       "each answer gets at most ten a second, fewer when more answers stream at "
+                                       "once, so that under load the text comes in larger pieces rather than the "
+                                       "server falling behind.", check=at_least(10))
     queue_max_size: int = _setting(256, "Chat requests the web server holds at once; more are told to retry.",
                                    check=at_least(1))
     max_request_kib: int = _setting(1024, "Largest request body the server reads, in KiB; larger ones get 413 before "

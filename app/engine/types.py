@@ -160,6 +160,11 @@ class Engine(Protocol):
     @property
     def restarting(self) -> bool: ...
 
+    @property
+    def in_flight(self) -> int:
+        """Answers this process is streaming from the engine now."""
+        ...
+
     def replicas(self) -> tuple[ReplicaView, ...]:
         """The engine's replicas as of their latest scrape; empty for an in-process engine."""
         ...

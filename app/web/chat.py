@@ -37,6 +37,7 @@ from app.web.chat_text import TEXT, caption_details, caption_title
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
+# Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
 UI_UPDATE_INTERVAL_S = 0.1
 SESSION_KEY = re.compile(r"[0-9a-f]{32}")  # what on_load issues (uuid4().hex); anything else gets a new one
 # Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
@@ -54,9 +55,13 @@ JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, trust: ProxyTrust,
-               model_name: str) -> gr.Blocks:
-    """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts."""
+               model_name: str, updates_per_s: int = 2000) -> gr.Blocks:
+    """The chat page. ``browser_secret`` encrypts the browser's session key; it must outlive restarts.
+    ``updates_per_s``: the screen updates all streaming answers share (PREFIXDESK_CHAT_UPDATES_PER_S)."""
     t = TEXT[language]
+
+    def pace_s() -> float:
+        return update_interval_s(desk.engine.in_flight, updates_per_s)
 
     def caller_of(request: gr.Request | None):
         headers = dict(request.headers) if request is not None else {}
@@ -86,7 +91,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         events = _Ahead(answer(caller))
         try:
             yield base, base, conversation_id, session_key
-            async for update in _stream(events, base, conversation_id, session_key, t, language):
+            async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
             shown = base + [_notice(str(exc), t)]
@@ -247,13 +252,20 @@ class _Ahead:
         await self._events.aclose()
 
 
-async def _stream(events, base: list, conversation_id, session_key: str, t: dict, language: str):
+def update_interval_s(answers_in_flight: int, updates_per_s: int) -> float:
+    """Seconds between one answer's screen updates: UI_UPDATE_INTERVAL_S, or longer when the answers in flight
+    would together send more than ``updates_per_s`` (each update costs Gradio the same, however much text it
+    carries: bench/chat_updates.py)."""
+    return max(UI_UPDATE_INTERVAL_S, answers_in_flight / updates_per_s)
+
+
+async def _stream(events, base: list, conversation_id, session_key: str, t: dict, language: str, pace_s):
     """(chatbot, shown, conversation id, session key) for each of the desk's events: the answer so far, then
     the conversation as stored.
 
-    The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
-    event is taken only then, and the engine's output gathers meanwhile, so each update carries all
-    the text so far. While the answer streams, the history's messages are the same objects in every
+    The first text goes out at once; after it, one update per ``pace_s()`` at most (UI_UPDATE_INTERVAL_S,
+    longer under load): the next event is taken only then, and the engine's output gathers meanwhile,
+    so each update carries all the text so far. While the answer streams, the history's messages are the same objects in every
     update (Gradio's diff sees them unchanged at once) and only the answer's message is new; the
     shown state keeps its value (skipping a state costs Gradio nothing).
     """
@@ -268,7 +280,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         except StopAsyncIteration:
             return
         if isinstance(event, Progress):
-            next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
+            next_update_at = loop.time() + pace_s()
             known, conversation_id = conversation_id, event.conversation_id
             yield (base + [_message("assistant", event.text)], gr.skip(),
                    gr.skip() if known == conversation_id else conversation_id, session_key)

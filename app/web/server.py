@@ -131,6 +131,7 @@ def create_app(services: Services) -> FastAPI:
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
                         **mount)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
+                      updates_per_s=settings.chat_updates_per_s,
                       browser_secret=_secret(settings, "browser-state.key"), trust=services.trust,
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,

@@ -25,3 +25,11 @@ def test_gradios_chatbot_leaves_the_chats_messages_unchanged():
     # The events that keep Gradio's postprocessing (stop, reopening a conversation) get the same messages.
     built = [_message(*case) for case in CASES]
     assert gr.Chatbot().postprocess(built).model_dump() == built
+
+
+def test_an_answers_updates_slow_down_only_when_the_answers_in_flight_would_exceed_the_budget():
+    from app.web.chat import UI_UPDATE_INTERVAL_S, update_interval_s
+
+    assert UI_UPDATE_INTERVAL_S == 0.1
+    assert [update_interval_s(n, 2000) for n in (0, 1, 200, 400, 1000)] == [0.1, 0.1, 0.1, 0.2, 0.5]
+    assert update_interval_s(64, 100) == 0.64  # a server told it affords a hundred updates a second
