@@ -17,7 +17,8 @@ Over HTTP, from client processes (``make_client_target`` builds them there):
   ``x-session-id``, exactly what the app's remote engine sends;
 * ``replica``: one ``vllm serve`` replica's ``/v1/completions``, the same body, no router;
 * ``chat``: the chat page's send event through Gradio's queue, one fresh browser session per customer,
-  spoken as the browser speaks it (``bench.chatpage``);
+  spoken as the browser speaks it (``bench.chatpage``), against the ``http`` path's in-process app or,
+  with ``--app-engine local``, a ``python -m app`` with its own engine (whose ``/v1`` is then ``remote``);
 * ``gradio``: the chat's ``/chat`` API through gradio_client (a conformance check, not a measurement:
   gradio_client cannot generate a GPU's load).
 

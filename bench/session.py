@@ -1,9 +1,10 @@
 """One ``python -m bench`` invocation: start what the paths need, run every configuration, report.
 
 What starts, in order: the cluster (``--cluster N``: replicas and router, in a thread), the demo model
-or shape and the tokenizer, the in-process engine (for raw, app, http, gradio), the templates (written
-as files, so every app serves exactly the benchmark's templates), the in-process app (``http``,
-``gradio``), and ``python -m app`` over the cluster (``remote``). Then, per router policy, per mode:
+or shape and the tokenizer, the in-process engine (for raw, app, http, chat, gradio), the templates
+(written as files, so every app serves exactly the benchmark's templates), the in-process app
+(``http``, ``chat``, ``gradio``), and ``python -m app`` over the cluster (``remote``) — or, with
+``--app-engine local``, only ``python -m app`` with its own engine, for its ``remote`` and ``chat``. Then, per router policy, per mode:
 every Poisson rate ``--repeats`` times (the repeats interleaved), then each closed burst, on every
 path. Everything started is stopped at the end, also on SIGTERM, and a run that could not finish
 before ``--deadline`` is skipped (and listed), so a time-limited machine still returns its numbers.
