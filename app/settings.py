@@ -176,8 +176,9 @@ class Settings:
                                       "app subscribes to; tcp://*:PORT means a publisher on all of this host's "
                                       "addresses (reached at 127.0.0.1). Empty: no per-replica residency.",
                                       check=_parsed_by(kv_event_sources))
-    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold requests without any progress before "
-                                             "/healthz reports it down and it is restarted as after a crash.",
+    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold unfinished requests without computing "
+                                             "a token (however slowly their answers are read) before /healthz "
+                                             "reports it down and it is restarted as after a crash.",
                                              check=at_least(1, " second"))
     tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model. Empty: the model's own; "
                               "for a Baichuan2 folder, its tokenizer.model converted to a fast tokenizer with the "
@@ -234,6 +235,10 @@ class Settings:
                                           "together); 0 turns the limit off.", check=at_least(0))
     max_streams_per_client: int = _setting(8, "Answers one client address may have streaming at once; 0 turns the "
                                            "limit off.", check=at_least(0))
+    chat_updates_per_s: int = _setting(2000, "Screen updates a second the chat sends, all streaming answers together: "
+                                       "each answer gets at most ten a second, fewer when more answers stream at "
+                                       "once, so that under load the text comes in larger pieces rather than the "
+                                       "server falling behind.", check=at_least(10))
     queue_max_size: int = _setting(256, "Chat requests the web server holds at once; more are told to retry.",
                                    check=at_least(1))
     max_connections_per_client: int = _setting(64, "Connections one client address may hold open at once, per web "
@@ -263,8 +268,9 @@ class Settings:
     family_shards: int = _setting(1, "Routing keys per template family (family:0 … family:k-1): 1 keeps a family on "
                                   "one replica; more spread a hot family over several (remote engine).",
                                   check=between(1, 64))
-    warm_on_start: bool = _setting(True, "Warm every published template before /healthz reports ready, so the first "
-                                   "customer already hits the cache.")
+    warm_on_start: bool = _setting(True, "Warm every published template, then the sampler (one batch of requests at "
+                                   "once with the customers' sampling), before /healthz reports ready, so the first "
+                                   "customer already hits the cache and waits for no compile.")
     # Cache view
     kv_events: bool = _setting(True, "Mirror vLLM's KV-cache events so the console shows which templates are cached.")
     kv_events_endpoint: str = _setting("", "ZMQ endpoint vLLM publishes KV-cache events on (it binds it: "

@@ -64,7 +64,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--app-entry", choices=("auto", "full", "api"), default="auto",
                    help="the remote path's app: full (python -m app) or api (python -m app --api-only, no "
                         "Gradio); auto: full when Gradio is installed")
-    g.add_argument("--app-url", help="remote path: an app already serving (else the benchmark starts one)")
+    g.add_argument("--app-url", help="remote path (and chat, with --app-engine local): an app already serving "
+                   "(else the benchmark starts one)")
     g.add_argument("--engine-url", help="the started app's PREFIXDESK_ENGINE_URL (default: the router, or the "
                    "replica with --app-engine replica)")
     g.add_argument("--router-url", help="router path: a vllm-router already serving")
@@ -79,8 +80,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--policies", default="", help="comma list: run everything once per router policy (the "
                    "router restarts between them, the replicas stay, their caches are reset)")
     g.add_argument("--families-policies", default="", help="policies under which mode families runs (default: all)")
-    g.add_argument("--app-engine", choices=("router", "replica"), default="router",
-                   help="where the started app sends its requests")
+    g.add_argument("--app-engine", choices=("router", "replica", "local"), default="router",
+                   help="where the started app sends its requests; local: the benchmark starts python -m app with "
+                        "its own in-process engine (the embedded default) and measures its /v1 (remote) and its "
+                        "chat page (chat)")
     g.add_argument("--api-servers", type=int, default=0, help="API processes per replica (0: 1 on CPU, 4 on GPU)")
     g.add_argument("--device", choices=("auto", "cpu", "gpu"), default="auto", help="replicas on GPUs or CPU cores")
     g.add_argument("--base-port", type=int, default=8600, help="router port; replicas and KV events above it")
@@ -95,6 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--deadline", type=float, default=0.0,
                    help="Unix time by which everything must be done: runs that would end later are skipped")
     g.add_argument("--label", default="", help="free text stored in the JSON")
+    g.add_argument("--profile", default="", metavar="PATH@RATE",
+                   help="py-spy records the server (the started app, else this process) during the first run of "
+                        "PATH at RATE req/s (its window) or PATH@cN (a burst of N users): profile-PATH-RATE.svg")
     g.add_argument("--data-dir", type=Path, default=Path("/tmp/prefixdesk-bench"),
                    help="folder for the demo model, shapes, databases, templates and cluster logs")
     g.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for bench.json, runs.jsonl, bench.png")
@@ -119,6 +125,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.paths = list(dict.fromkeys(args.paths))
         print("bench: --web-processes > 1: the http path runs as remote (python -m app over the cluster)",
               flush=True)
+    if args.profile:
+        from bench.pyspy import parse_profile
+
+        try:
+            parse_profile(args.profile)
+        except ValueError as exc:
+            p.error(str(exc))
+    if args.app_engine == "local":
+        others = [x for x in args.paths if x not in ("remote", "chat")]
+        if others or args.cluster:
+            p.error("--app-engine local measures an app with its own engine (started, or --app-url): its /v1 "
+                    f"(remote) and chat page (chat) only; drop {', '.join(others) or '--cluster'}")
     if args.app_entry == "auto":
         import importlib.util
 

@@ -73,9 +73,10 @@ class ClientProcessError(RuntimeError):
 async def run_in_client_processes(target: dict, requests: Sequence[BenchRequest], *, max_tokens: int, procs: int,
                                   arrivals_s: Sequence[float] | None = None, concurrency: int | None = None,
                                   warmup_s: float = 0.0, drain_timeout_s: float | None = None,
-                                  suffix_ids: dict[int, list[int]] | None = None) -> tuple[float, list[ClientResult]]:
+                                  suffix_ids: dict[int, list[int]] | None = None,
+                                  on_start=None) -> tuple[float, list[ClientResult]]:
     """Run the schedule in ``procs`` spawned processes; returns the shared start (wall clock) and each
-    process's result.
+    process's result. ``on_start(t0_wall)`` is called once the shared start is set.
 
     Requests are dealt round-robin, keeping their arrival times, so the merged traffic is the
     schedule. The shared start is set once every process is ready; this event loop keeps running
@@ -109,6 +110,8 @@ async def run_in_client_processes(target: dict, requests: Sequence[BenchRequest]
         t0_wall = time.time() + START_LEAD_S
         for _, inbox in workers:
             inbox.put(t0_wall)
+        if on_start is not None:
+            on_start(t0_wall)
         run_limit = horizon + (drain_timeout_s if drain_timeout_s is not None else 3600) + 120
         wait_until = time.monotonic() + START_LEAD_S + run_limit
         while len(results) < procs:

@@ -12,6 +12,11 @@
 #   bash bench/gpu.sh gradio     # the chat's /chat through gradio_client (8 client processes) against the full
 #                                    # app served in-process, Poisson at 50, 70, 90 req/s (60-s windows, 15-s
 #                                    # warm-up): GPU 0 runs repeat 1 while GPU 1 runs repeat 2
+#   bash bench/gpu.sh chat       # ONE H200: the embedded python -m app (its own engine) started once, then the chat
+#                                    # page (bench.chatpage, the browser's queue protocol) and /v1 alternating at 50
+#                                    # and 70 req/s, each twice, py-spy on the web process during chat at 70; carries
+#                                    # .gpu-gradio (pack-gradio, with the py-spy wheel):
+#   run(command="bash bench/gpu.sh chat", carry=[".gpu-gradio"], kind="nvidia-h200", timeout_s=600)
 #   bash bench/gpu.sh pack-article  # here, once: .gpu-b (below)
 #   bash bench/gpu.sh article    # ONE H200: the article's three modes (none / static / dynamic, 512-user bursts, raw
 #                                    # vLLM) for the Baichuan2-13B shape (ALiBi) and the 7B shape (RoPE), bf16 and fp8
@@ -46,7 +51,7 @@ DEADLINE=$((T0 + BUDGET - 30))   # benchmarks start no run that would end later;
 OUT=${OUT:-/tmp/pd-out}
 RES=/tmp/pd-res-$stage
 case $stage in
-  gradio|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;;
+  gradio|chat|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;;
   article|fp8|pack-article) GPU_DIR=${PD_GPU_DIR:-.gpu-b} ;;
   *) GPU_DIR=${PD_GPU_DIR:-.gpu} ;;
 esac
@@ -56,7 +61,7 @@ download() {  # download DEST NAME==VERSION...: the device's wheels (CPython 3.1
   local dest=$1; shift
   ${PY:-.venv/bin/python} -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    -d "$dest" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }  # pip's status, by pipefail
+    ${EXTRA_PLATFORMS:-} -d "$dest" "$@" 2>&1 | { grep -v "^WARNING: Location" || true; }  # pip's status, by pipefail
 }
 
 if [ "$stage" = pack ]; then
@@ -84,6 +89,8 @@ if [ "$stage" = pack-gradio ]; then
     v=$(ver $name) || exit 3; pins+=("$name==$v")
   done
   download "$d/gradio-wheels" "${pins[@]}" || exit 3
+  # py-spy for the chat stage's profile (2.8 MiB; its one wheel is tagged manylinux_2_5 only)
+  EXTRA_PLATFORMS="--platform manylinux_2_5_x86_64" download "$d/gradio-wheels" "py-spy==$(ver py-spy)" || exit 3
   tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
   download "$tmp/whl" "gradio==$(ver gradio)" "gradio_client==$(ver gradio_client)" || exit 3
   mkdir -p "$tmp/site"
@@ -130,7 +137,7 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   mkdir -p /tmp/stage
   [ -f /tmp/stage/site/vllm/__init__.py ] || tar -xJf $GPU_DIR/vllm-0.26.0-h200.tar.xz -C /tmp/stage || exit 3
   wheels=($GPU_DIR/serve-wheels/*.whl $GPU_DIR/app-wheels/*.whl)
-  if [ $stage = gradio ]; then  # Gradio instead of the router (both would not fit in one call's 64 MiB)
+  if [ $stage = gradio ] || [ $stage = chat ]; then  # Gradio instead of the router (both do not fit in 64 MiB)
     extra=/tmp/site-gradio; wheels+=($GPU_DIR/gradio-wheels/*.whl)
     mkdir -p $extra
     [ -f $extra/gradio/__init__.py ] || tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C $extra || exit 3
@@ -154,14 +161,16 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   WEB=6; CLIENTS=8
   R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
   R_GRADIO="--rate 50 --rate 70 --rate 90"
+  R_CHAT="--rate 50 --rate 70"; PROFILE_CHAT="chat@70"
+  CHAT_WINDOW="--window-s ${PD_CHAT_WINDOW_S:-25} --warmup-s ${PD_CHAT_WARMUP_S:-10} --drain-timeout-s 10"
   BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
   B13="--shape $GPU_DIR/shapes/baichuan2-13b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-13b"
   B7="--shape $GPU_DIR/shapes/baichuan2-7b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-7b"
   FP8="--set quantization=fp8"; MODES_BURST="--concurrency 512 --num-requests 512"; SAT_BURST="--concurrency 1024"
 else
   # The rehearsal: same stages and flags, CPU sizes. Gradio is hidden, as it is absent on the device, except in
-  # the gradio stage, which brings it.
-  if [ $stage != gradio ]; then
+  # the gradio and chat stages, which bring it.
+  if [ $stage != gradio ] && [ $stage != chat ]; then
     mkdir -p /tmp/pd-nogradio
     echo 'raise ImportError("gradio is not installed on the GPU machine")' > /tmp/pd-nogradio/gradio.py
     export PYTHONPATH=/tmp/pd-nogradio${PYTHONPATH:+:$PYTHONPATH}
@@ -177,11 +186,13 @@ else
   WEB=2; CLIENTS=2
   R_ONE="--rate 2 --rate 3"; R_IN="--rate 2"; R_CLUSTER="--rate 3"; R_POLICY="--rate 3"
   R_GRADIO="--rate 2 --rate 3"
+  R_CHAT="--rate 2 --rate 3"; PROFILE_CHAT="chat@3"
+  CHAT_WINDOW="--window-s 4 --warmup-s 2 --drain-timeout-s 10"
   BURST_CLUSTER="--concurrency 8"; BURST_POLICY="--concurrency 8"
   B13="--shape baichuan2-tiny-13b"; B7="--shape baichuan2-tiny-7b"  # the tiny checkpoints; the CPU has no fp8
   FP8=""; MODES_BURST="--concurrency 4 --num-requests 8"; SAT_BURST="--concurrency 8"
 fi
-if [ $stage = gradio ]; then  # the whole app as create_app builds it: the chat, the console and their imports
+if [ $stage = gradio ] || [ $stage = chat ]; then  # the whole app as create_app builds it: chat, console, imports
   needs="gradio, gradio_client, multipart, app.web.chat, app.console.context, app.console.ui, app.console.login
 print('=== gradio', gradio.__version__, 'from', gradio.__file__)"
 elif [ $stage = article ] || [ $stage = fp8 ]; then
@@ -300,6 +311,25 @@ fp8)
   wait_all; done_names+=("${names[@]}"); names=(); pids=()
   start L16 -- --paths raw $MODES_BURST --modes none,static,dynamic
   ;;
+chat)
+  # The chat page against /v1 on ONE H200, one server for both: the benchmark starts the embedded default python -m
+  # app (--app-engine local: its own engine in-process, 13B shape with dummy weights, the app's GPU defaults (fp8 KV,
+  # cascade, max_num_seqs 1,024), PREFIXDESK_IGNORE_EOS so every answer is 128 tokens, per-client limits off) once,
+  # and measures its chat page (the browser's queue protocol: page load, then the question; bench.chatpage) and its
+  # /v1 (the remote path's client) from $CLIENTS client processes whose lag is reported, at 50 and 70 req/s, each
+  # twice: 50 chat, 50 /v1, 70 chat, 70 /v1, then again (each path its own draw of questions: the app's cache is
+  # never reset). py-spy records the web process through the first chat window at 70 (profile-chat-70.svg); the
+  # engine's running / waiting peaks come from the app's cache samples (1 s apart), its restarts from /healthz.
+  # Time: 2 rates x 2 paths x 2 repeats x (15-s warm-up + 60-s window) does not fit one call, so: one server start
+  # (~120 s to ready on a fresh H200: unpacking, imports, the engine, the templates and the sampler warmed), then
+  # eight runs of a 10-s warm-up (the batch fills in ~8 s at 70 req/s), a 25-s window (1,750 answers at 70) and a
+  # drain of at most 10 s (answers last ~2-8 s), ~48 s each with the client processes' start: ~510 s in all. The
+  # deadline skips what would not end in time (last first: 70 /v1 of repeat 2). PD_CHAT_WINDOW_S and
+  # PD_CHAT_WARMUP_S change the windows.
+  # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
+  start H -- --app-engine local --paths chat,remote --client-procs $CLIENTS $R_CHAT --repeats 2 $CHAT_WINDOW \
+    --profile $PROFILE_CHAT --label "chat page vs /v1, one embedded app"
+  ;;
 gradio)
   # The chat's /chat (Gradio's queue, streamed) through gradio_client from $CLIENTS client processes of 64 threads
   # each, against the real app (chat, console and /v1, as create_app builds them) that uvicorn serves in the
@@ -320,6 +350,7 @@ gradio)
 *) echo "unknown stage $stage"; exit 2 ;;
 esac
 wait_all
+stage_rc=${last_rc:-0}
 names=(${done_names[@]+"${done_names[@]}"} "${names[@]}")
 cleanup
 trap - EXIT
@@ -327,7 +358,9 @@ trap - EXIT
 for name in "${names[@]}"; do
   echo; echo "=================== $name: the load generator's lag per run"
   sed -n '/^path    mode     schedule/,/^$/p' $RES/$name.log
-  grep -E "^bench: (skipped|FAILED|families|dynamic mode|router restarted)|^skipped" $RES/$name.log
+  grep -E "^bench: (skipped|FAILED|families|dynamic mode|router restarted|py-spy)|^skipped" $RES/$name.log
+  [ -f /tmp/pd-$stage-$name/bench-app.log ] &&
+    echo "the app's engine watchdog: $(grep -c "restarting it" /tmp/pd-$stage-$name/bench-app.log) restarts in its log"
   mkdir -p $RES/logs/$name
   for f in $RES/$name.log /tmp/pd-$stage-$name/cluster/*.log /tmp/pd-$stage-$name/bench-app.log; do
     [ -f "$f" ] && tail -c 200000 "$f" > $RES/logs/$name/$(basename $f)
@@ -336,3 +369,4 @@ done
 tar -czf $OUT/$stage-logs.tar.gz -C $RES/logs . 2>/dev/null
 echo; echo "=================== $stage: every run ($(( $(date +%s) - T0 )) s in all)"
 $PY -m bench.show $(for name in "${names[@]}"; do echo $OUT/$stage-$name/bench.json; done) | tee $OUT/$stage-table.txt
+if [ $stage = chat ]; then exit $stage_rc; fi  # the chat stage fails when its server died

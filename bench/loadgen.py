@@ -42,6 +42,10 @@ class Sample:
     replica: str = ""
     error: str | None = None
     finished: bool = True  # False: still running at the drain deadline
+    updates: int = 0  # the chat page's streamed updates (it never learns the token count)
+    stream_bytes: int = 0
+    load_ms: float | None = None  # the chat page's load event, arrival → its end
+    engine_ttft_ms: float | None = None  # the engine's own first token, as the answer's caption says
 
     @property
     def ok(self) -> bool:
@@ -60,6 +64,11 @@ class Outcome:
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
     replica: str = ""
+    updates: int = 0
+    stream_bytes: int = 0
+    load_ms: float | None = None
+    engine_ttft_ms: float | None = None
+    text: str = ""  # the answer as the chat page showed it (kept by no Sample)
 
 
 @dataclass
@@ -102,7 +111,9 @@ def sample_of(req: BenchRequest, timer: Timer, scheduled_s: float, counted: bool
         (timer.first - timer.scheduled) * 1000 if timer.first is not None else None,
         (end - timer.scheduled) * 1000 if end is not None else None,
         tokens, itl, outcome.prompt_tokens if outcome else None, outcome.cached_tokens if outcome else None,
-        outcome.replica if outcome else "", error, finished)
+        outcome.replica if outcome else "", error, finished, outcome.updates if outcome else 0,
+        outcome.stream_bytes if outcome else 0, outcome.load_ms if outcome else None,
+        outcome.engine_ttft_ms if outcome else None)
 
 
 async def run_schedule(target, requests: Sequence[BenchRequest], *, max_tokens: int, t0_wall: float,

@@ -16,7 +16,11 @@ Over HTTP, from client processes (``make_client_target`` builds them there):
 * ``router``: vllm-router's ``/v1/completions`` with token-id prompts and the family's
   ``x-session-id``, exactly what the app's remote engine sends;
 * ``replica``: one ``vllm serve`` replica's ``/v1/completions``, the same body, no router;
-* ``gradio``: the chat's ``/chat`` API through gradio_client (CPU only).
+* ``chat``: the chat page's send event through Gradio's queue, one fresh browser session per customer,
+  spoken as the browser speaks it (``bench.chatpage``), against the ``http`` path's in-process app or,
+  with ``--app-engine local``, a ``python -m app`` with its own engine (whose ``/v1`` is then ``remote``);
+* ``gradio``: the chat's ``/chat`` API through gradio_client (a conformance check, not a measurement:
+  gradio_client cannot generate a GPU's load).
 
 Every target's ``send(req, max_tokens, timer)`` marks the timer when the request leaves and at each
 streamed token, and returns an ``Outcome``.
@@ -37,7 +41,7 @@ from bench.loadgen import Outcome, Timer
 from bench.workload import BenchRequest
 
 IN_PROCESS_PATHS = ("raw", "app")
-CLIENT_PATHS = ("http", "remote", "router", "replica", "gradio")
+CLIENT_PATHS = ("http", "remote", "router", "replica", "chat", "gradio")
 PATHS = IN_PROCESS_PATHS + CLIENT_PATHS
 ROUTING_HEADER = "x-session-id"  # what app.engine.remote sends (vllm-router's consistent_hash key)
 REPLICA_HEADER = "x-prefixdesk-replica"  # added by app.cluster.replica_header on each replica
@@ -251,9 +255,13 @@ class GradioTarget:
 
 
 def make_client_target(kind: str, base_url: str, suffix_ids: dict[int, list[int]] | None = None, **options):
-    """Build a client-side target in a client process (``kind``: http, remote, router, replica, gradio)."""
+    """Build a client-side target in a client process (``kind``: http, remote, router, replica, chat, gradio)."""
     if kind in ("http", "remote"):
         return ChatTarget(base_url)
+    if kind == "chat":
+        from bench.chatpage import ChatPageTarget
+
+        return ChatPageTarget(base_url, **options)
     if kind in ("router", "replica"):
         return CompletionsTarget(base_url, suffix_ids=suffix_ids or {}, routing=kind == "router", **options)
     if kind == "gradio":

@@ -39,6 +39,7 @@ class EngineWindow:
     waiting_peak: int
     memory_mib: float  # the process tree's RSS on CPU; the GPU's used memory on CUDA
     loop_lag_p99_ms: float | None  # how late the server's event loop ran
+    restarts: int | None = 0  # engine restarts during the run (None: the engine could not say)
 
     @property
     def hit_rate(self) -> float:
@@ -111,6 +112,12 @@ class RunSummary:
     server_loop_lag_p99_ms: float | None
     first_error: str | None
     replicas: tuple[ReplicaWindow, ...] = field(default=())
+    engine_restarts: int | None = 0  # of the watched engine during the run (an app process: its /healthz)
+    # The chat path's own figures (the page sees updates, not tokens):
+    updates_mean: float | None = None  # streamed updates per answer
+    stream_bytes_mean: float | None = None  # SSE bytes per answer
+    load_p50_ms: float | None = None  # the page load, arrival → its end
+    engine_ttft_p50_ms: float | None = None  # the engine's first token, from the answers' captions
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -199,6 +206,7 @@ def summarize(results: Sequence[ClientResult], info: RunInfo, *, engine: EngineW
     loop_lags = [x for r in results for x in r.loop_lag_ms]
     ttft_p50, lag_p99 = percentile(ttft, 50), percentile(lags, 99) if lags else 0.0
     rejected, reason = lag_verdict(lag_p99, ttft_p50, open_loop=open_loop)
+    chat = [s for s in ok if s.load_ms is not None]
     if cached and len(cached) == len(prompt) and sum(prompt):
         hit_rate = sum(cached) / sum(prompt)
     else:
@@ -224,6 +232,12 @@ def summarize(results: Sequence[ClientResult], info: RunInfo, *, engine: EngineW
         waiting_peak=max([engine.waiting_peak, *(r.waiting_peak for r in replicas)]),
         memory_mib=engine.memory_mib, server_loop_lag_p99_ms=engine.loop_lag_p99_ms,
         first_error=(errors or unfinished)[0].error if errors or unfinished else None, replicas=tuple(replicas),
+        engine_restarts=engine.restarts,
+        updates_mean=sum(s.updates for s in chat) / len(chat) if chat else None,
+        stream_bytes_mean=sum(s.stream_bytes for s in chat) / len(chat) if chat else None,
+        load_p50_ms=percentile([s.load_ms for s in chat], 50) if chat else None,
+        engine_ttft_p50_ms=percentile([s.engine_ttft_ms for s in chat if s.engine_ttft_ms is not None], 50)
+        if chat else None,
     )
 
 
@@ -287,6 +301,28 @@ def replica_table(summaries: Sequence[RunSummary]) -> str:
                          f"{r.requests:>8}{r.running_mean:>9.1f}{r.running_peak:>6}{r.waiting_peak:>6}"
                          f"{r.decode_tok_per_s:>13.0f}{r.hit_rate:>6.2f}  {cascade}")
     return "\n".join(lines) if len(lines) > 1 else ""
+
+
+def app_table(summaries: Sequence[RunSummary]) -> str:
+    """Runs against an app with its own engine (and chat runs anywhere): the engine's running / waiting peaks and
+    restarts in the run, the client's lag, and the chat's page load, updates and bytes per answer; "" if none."""
+    rows = [s for s in summaries if s.updates_mean is not None or s.engine_restarts != 0 or s.path == "remote"]
+    if not rows:
+        return ""
+    lines = [f"{'path':<8}{'schedule':<18}{'run':>4}{'req/s':>8}{'TTFT p50':>9}{'p99':>8}{'e2e p50':>8}{'p99':>8}"
+             f"{'lag p99':>8}{'loop p99':>9}{'running':>8}{'waiting':>8}{'restarts':>9}{'load p50':>9}{'updates':>8}"
+             f"{'KiB/ans':>8}"]
+
+    def num(v, fmt: str) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
+
+    for s in rows:
+        lines.append(f"{s.path:<8}{s.schedule:<18}{s.repeat:>4}{s.req_per_s:>8.2f}{num(s.ttft_p50_ms, '.0f'):>9}"
+                     f"{num(s.ttft_p99_ms, '.0f'):>8}{num(s.e2e_p50_ms, '.0f'):>8}{num(s.e2e_p99_ms, '.0f'):>8}"
+                     f"{s.client_lag_p99_ms:>8.1f}{s.client_loop_lag_p99_ms:>9.1f}{s.running_peak:>8}{s.waiting_peak:>8}"
+                     f"{num(s.engine_restarts, 'd'):>9}{num(s.load_p50_ms, '.0f'):>9}{num(s.updates_mean, '.1f'):>8}"
+                     f"{num(s.stream_bytes_mean and s.stream_bytes_mean / 1024, '.1f'):>8}")
+    return "\n".join(lines)
 
 
 def lag_table(summaries: Sequence[RunSummary]) -> str:

@@ -26,6 +26,7 @@ from bench.workload import BenchRequest, BenchTemplate, Workload
 WARM_QUESTION = "你好"
 PROBE_PERIOD_S = 0.05
 IN_PROCESS_START_S = 0.3
+ALIVE_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,68 @@ class RemoteBackend(Backend):
         return _ReplicaWatch(ReplicaProbe(self.urls, names=self.names, cascade_dir=self.cascade_dir))
 
 
+class AppBackend(Backend):
+    """``python -m app`` with its own engine, seen from outside: its restarts through /healthz and the running /
+    waiting requests of the cache samples it stores (app/core/background.py) in its database. Its cache is
+    not reset (that takes an operator's login): its templates stay as its start-up warmed them."""
+
+    def __init__(self, url: str, db_path):
+        self.url, self.db_path = url.rstrip("/"), db_path
+
+    async def reset(self) -> bool:
+        return True
+
+    def watch(self):
+        return _AppWatch(self)
+
+
+class _AppWatch:
+    def __init__(self, backend: AppBackend) -> None:
+        self.backend = backend
+        self.task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(app_restarts(self.backend.url))
+
+    async def stop(self, t0_wall: float, start_wall: float, end_wall: float):
+        before = await self.task
+        after = await app_restarts(self.backend.url)
+        running = waiting = memory = 0
+        if self.backend.db_path is not None:
+            running, waiting, memory = await asyncio.to_thread(sample_peaks, self.backend.db_path, start_wall,
+                                                               end_wall)
+        restarts = after - before if before is not None and after is not None else None
+        return EngineWindow(0, 0, 0, 0.0, running, waiting, memory / 2**20, None, restarts=restarts), []
+
+
+async def app_restarts(url: str) -> int | None:
+    """The engine restarts the app's /healthz reports (None: it did not answer)."""
+    import httpx
+
+    try:
+        async with httpx.AsyncClient(timeout=10) as client:
+            return int((await client.get(f"{url}/healthz")).json()["restarts"])
+    except (httpx.HTTPError, ValueError, KeyError):
+        return None
+
+
+def sample_peaks(db_path, start_wall: float, end_wall: float) -> tuple[int, int, int]:
+    """The most running and waiting requests, and the most memory, of the app's cache samples in the span."""
+    import sqlite3
+    from datetime import datetime, timezone
+
+    def stamp(t: float) -> str:  # as the app stores them: naive UTC, ISO with a space
+        return datetime.fromtimestamp(t, timezone.utc).replace(tzinfo=None).isoformat(sep=" ")
+
+    db = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=10)
+    try:
+        row = db.execute("select max(running), max(waiting), max(memory_bytes) from cache_samples "
+                         "where t >= ? and t <= ?", (stamp(start_wall), stamp(end_wall))).fetchone()
+    finally:
+        db.close()
+    return tuple(int(x or 0) for x in row)
+
+
 class _ReplicaWatch:
     def __init__(self, probe) -> None:
         self.probe = probe
@@ -143,8 +206,11 @@ class Bench:
                 await send(r)
 
     async def run(self, target: RunTarget, workload: Workload, schedule: Schedule, *, policy: str = "",
-                  repeat: int = 1, max_tokens: int | None = None) -> RunSummary:
-        """Measure ``target`` on ``workload``: reset the cache, warm, run the schedule, summarize."""
+                  repeat: int = 1, max_tokens: int | None = None, on_start=None) -> RunSummary:
+        """Measure ``target`` on ``workload``: reset the cache, warm, run the schedule, summarize.
+
+        ``on_start(t0_wall)`` is called once the run's start (wall clock) is fixed. A server that dies
+        mid-run ends the run at once: ``alive`` raises, the run is cancelled and the error goes up."""
         self.alive()
         if self.reset_cache and not await self.backend.reset():
             print("bench: WARNING: the prefix cache could not be reset (replicas without "
@@ -166,16 +232,18 @@ class Bench:
                 horizon = max(schedule.arrivals_s) if open_loop else 0.0
                 if target.raw_ids is not None:
                     target.local.token_ids = target.raw_ids(workload.requests)
-                results = [await loadgen.run_schedule(
+                if on_start is not None:
+                    on_start(t0_wall)
+                results = [await self._while_alive(loadgen.run_schedule(
                     target.local, workload.requests, max_tokens=max_tokens, t0_wall=t0_wall,
                     arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency, warmup_s=schedule.warmup_s,
-                    drain_deadline_s=horizon + limit)]
+                    drain_deadline_s=horizon + limit))]
             else:
                 suffix_ids = target.suffixes(workload.requests) if target.suffixes is not None else None
-                t0_wall, results = await clients.run_in_client_processes(
+                t0_wall, results = await self._while_alive(clients.run_in_client_processes(
                     target.client, workload.requests, max_tokens=max_tokens, procs=self.client_procs,
                     arrivals_s=schedule.arrivals_s, concurrency=schedule.concurrency, warmup_s=schedule.warmup_s,
-                    drain_timeout_s=limit, suffix_ids=suffix_ids)
+                    drain_timeout_s=limit, suffix_ids=suffix_ids, on_start=on_start))
         finally:
             if keeper:
                 keeper.cancel()
@@ -192,6 +260,20 @@ class Bench:
         summary = summarize(results, info, engine=engine, replicas=replicas, drain_deadline_s=deadline)
         self.alive()
         return summary
+
+    async def _while_alive(self, coro):
+        """Await ``coro`` while checking every second that the servers live; a death cancels it and raises."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=ALIVE_CHECK_S)
+                if done:
+                    return task.result()
+                self.alive()
+        finally:
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
     async def _keep_warm(self, target: RunTarget, templates: Sequence[BenchTemplate]) -> None:
         """Re-warm ``templates`` every ``keep_warm_interval_s`` so LRU eviction leaves them alone."""

@@ -1,9 +1,10 @@
 """One ``python -m bench`` invocation: start what the paths need, run every configuration, report.
 
 What starts, in order: the cluster (``--cluster N``: replicas and router, in a thread), the demo model
-or shape and the tokenizer, the in-process engine (for raw, app, http, gradio), the templates (written
-as files, so every app serves exactly the benchmark's templates), the in-process app (``http``,
-``gradio``), and ``python -m app`` over the cluster (``remote``). Then, per router policy, per mode:
+or shape and the tokenizer, the in-process engine (for raw, app, http, chat, gradio), the templates
+(written as files, so every app serves exactly the benchmark's templates), the in-process app
+(``http``, ``chat``, ``gradio``), and ``python -m app`` over the cluster (``remote``) — or, with
+``--app-engine local``, only ``python -m app`` with its own engine, for its ``remote`` and ``chat``. Then, per router policy, per mode:
 every Poisson rate ``--repeats`` times (the repeats interleaved), then each closed burst, on every
 path. Everything started is stopped at the end, also on SIGTERM, and a run that could not finish
 before ``--deadline`` is skipped (and listed), so a time-limited machine still returns its numbers.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
@@ -22,13 +24,15 @@ from pathlib import Path
 
 from bench import report
 from bench.paths import AppTarget, RawTarget, completion_options
-from bench.runner import Bench, LocalBackend, RemoteBackend, RunTarget, Schedule, raw_token_ids, token_suffixes
+from bench.runner import (AppBackend, Bench, LocalBackend, RemoteBackend, RunTarget, Schedule, raw_token_ids,
+                          token_suffixes)
 from bench.workload import (BenchRequest, build_workload, dynamic_template_count, poisson_window, shop_variants,
                                 template_set, write_template_folder)
 
 FAMILY_CANDIDATES = 8
 ENGINE_WARMUP_REQUESTS = 8
-BENCH_CONCURRENCY_LIMIT = 100_000  # the desk's "busy" limit, out of the way of a benchmark
+BENCH_CONCURRENCY_LIMIT = 100_000  # the desk's "busy" limit (and the chat queue's), out of the way of a benchmark
+APP_SAMPLE_INTERVAL_S = 1.0  # the started app's cache samples: its running / waiting peaks, read from its database
 
 
 def build_settings(args):
@@ -36,8 +40,9 @@ def build_settings(args):
     from app.settings import SETTINGS, SettingsError, load_settings
 
     by_name = {s.name: s for s in SETTINGS}
-    overrides: dict = {"max_concurrent_requests": BENCH_CONCURRENCY_LIMIT, "data_dir": str(args.data_dir),
-                       "rate_limit_per_minute": 0, "max_streams_per_client": 0, "max_connections_per_client": 0}
+    overrides: dict = {"max_concurrent_requests": BENCH_CONCURRENCY_LIMIT, "queue_max_size": BENCH_CONCURRENCY_LIMIT,
+                       "data_dir": str(args.data_dir), "rate_limit_per_minute": 0, "max_streams_per_client": 0,
+                       "max_connections_per_client": 0}
     for item in args.set:
         name, eq, value = item.partition("=")
         if not eq or name not in by_name:
@@ -81,6 +86,7 @@ class Session:
         self.skipped: list[str] = []
         self.extra: dict = {}
         self.progress = args.out / "runs.jsonl"
+        self.profiled = False  # --profile records one run
 
     # -- start-up ----------------------------------------------------------------------------
 
@@ -121,8 +127,9 @@ class Session:
         self.settings = settings
         settings.data_dir.mkdir(parents=True, exist_ok=True)
         (settings.data_dir / "bench-pgids.txt").unlink(missing_ok=True)
-        local_paths = [p for p in args.paths if p in ("raw", "app", "http", "gradio")]
-        remote_paths = [p for p in args.paths if p in ("remote", "router", "replica")]
+        embedded = args.app_engine == "local"  # python -m app with its engine in-process: its /v1 and its chat
+        local_paths = [] if embedded else [p for p in args.paths if p in ("raw", "app", "http", "gradio", "chat")]
+        remote_paths = [] if embedded else [p for p in args.paths if p in ("remote", "router", "replica")]
 
         cluster_ready = None
         if args.cluster:
@@ -189,6 +196,9 @@ class Session:
         self.systems = {t.name: t.system for t in templates}
         self.base, self.dynamic_n, self.candidates = base, dynamic_n, candidates
 
+        if embedded:
+            await self._measure(await self._start_embedded(folder))
+            return
         if "remote" in remote_paths and not args.app_url:
             self.app_process = self._start_app(folder)
         if local_paths:
@@ -212,12 +222,12 @@ class Session:
                 targets.append((self._remote_target(path, remote_info), remote_bench))
         await self._measure(targets)
 
-    def _bench(self, backend, alive=None) -> Bench:
+    def _bench(self, backend, alive=None, reset_cache: bool = True) -> Bench:
         a = self.args
         shards = self.settings.family_shards
         return Bench(backend, max_tokens=a.output_len, client_procs=a.client_procs, drain_timeout_s=a.drain_timeout_s,
                      burst_timeout_s=a.burst_timeout_s, keep_warm_interval_s=a.keep_warm_s, alive=alive,
-                     warm_copies=1 if shards == 1 else 4 * shards)
+                     warm_copies=1 if shards == 1 else 4 * shards, reset_cache=reset_cache)
 
     async def _cluster_up(self, task) -> None:
         if task is not None:
@@ -282,9 +292,38 @@ class Session:
         self._record_pgid(app.proc.pid)
         return app
 
+    async def _start_embedded(self, folder: Path) -> list[tuple[RunTarget, Bench]]:
+        """``python -m app`` as an operator starts it by default (its own engine in-process, the chat, the console,
+        /v1), seeded with the benchmark's templates, warmed before ready; answers run to --output-len tokens
+        (PREFIXDESK_IGNORE_EOS). The remote path measures its /v1 and the chat path its chat page."""
+        from bench.servers import AppProcess, free_port, settings_env
+
+        a, s = self.args, self.settings
+        if a.app_url:  # one already serving, e.g. to profile it by hand: no cache samples to read
+            bench = self._bench(AppBackend(a.app_url, None), reset_cache=False)
+            return [(RunTarget(path, client={"kind": path, "base_url": a.app_url.rstrip("/") + "/"}), bench)
+                    for path in a.paths]
+        data = s.data_dir / "bench-embedded-app"
+        shutil.rmtree(data, ignore_errors=True)
+        # The app's own limit of answers at once (twice max_num_seqs): Gradio's queue keeps a job slot for each, and
+        # with the benchmark's 100,000 its housekeeping walks them all, which no deployment does.
+        env = settings_env(s, engine="local", web_processes=1, host="127.0.0.1", port=free_port(), data_dir=str(data),
+                           database_url="", templates_dir=str(folder), max_tokens=a.output_len, ignore_eos=True,
+                           warm_on_start=True, keep_warm_interval_s=0.0, sample_interval_s=APP_SAMPLE_INTERVAL_S,
+                           max_concurrent_requests=0)
+        app = AppProcess(env, log_path=s.data_dir / "bench-app.log", web_processes=1, api_only=False)
+        app.log_path.unlink(missing_ok=True)
+        app.start()
+        self._record_pgid(app.proc.pid)
+        self.app_process = app
+        self.extra["app_pid"] = app.proc.pid
+        await app.wait_ready(self._time_left(900))
+        bench = self._bench(AppBackend(app.url, data / "prefixdesk.db"), alive=self._check_alive, reset_cache=False)
+        return [(RunTarget(path, client={"kind": path, "base_url": app.url + "/"}), bench) for path in a.paths]
+
     async def _start_local(self, folder: Path, local_paths: list[str]) -> None:
         """The real Desk (and, for http and gradio, the real app served on this loop) on the engine."""
-        if not {"app", "http", "gradio"} & set(local_paths):
+        if not {"app", "http", "gradio", "chat"} & set(local_paths):
             return
         from concurrent.futures import ThreadPoolExecutor
 
@@ -292,12 +331,14 @@ class Session:
 
         data = self.settings.data_dir / "bench-app"
         shutil.rmtree(data, ignore_errors=True)
+        # ignore_eos: the chat sends no per-request budget, so the server's setting makes its answers --output-len.
         s = self.settings.replace(templates_dir=folder, data_dir=data, database_url=f"sqlite:///{data}/prefixdesk.db",
-                                  warm_on_start=False, keep_warm_interval_s=0.0, max_tokens=self.args.output_len)
+                                  warm_on_start=False, keep_warm_interval_s=0.0, max_tokens=self.args.output_len,
+                                  ignore_eos=True)
         with ThreadPoolExecutor(1) as pool:  # AsyncLLM must not bind to a loop of build_services' thread
             self.services = await asyncio.get_running_loop().run_in_executor(
                 pool, lambda: build_services(s, engine=self.engine))
-        if {"http", "gradio"} & set(local_paths):
+        if {"http", "gradio", "chat"} & set(local_paths):
             from app.web.server import create_app
             from bench.servers import InProcessServer, free_port
 
@@ -317,6 +358,8 @@ class Session:
             return RunTarget("app", local=AppTarget(self.services.desk))
         if path == "http":
             return RunTarget("http", client={"kind": "http", "base_url": self.http_url})
+        if path == "chat":
+            return RunTarget("chat", client={"kind": "chat", "base_url": self.http_url + "/"})
         return RunTarget("gradio", client={"kind": "gradio", "base_url": self.http_url + "/"})
 
     def _remote_target(self, path: str, info: dict) -> RunTarget:
@@ -377,8 +420,8 @@ class Session:
                    n: int | None = None) -> None:
         a = self.args
         n = len(schedule.arrivals_s) if schedule.arrivals_s is not None else n
-        if target.path == "gradio" and mode != "static":
-            return  # the chat has no cache_salt and serves the database's templates: static mode only
+        if (target.path in ("gradio", "chat") or self.args.app_engine == "local") and mode != "static":
+            return  # the chat has no cache_salt, and the started app's cache is its own: static mode only
         label = f"{target.path} {mode} {schedule.label} {policy} #{repeat}".replace("  ", " ")
         # What a run usually takes (its window, the answers still running after it, starting clients): a
         # run that would end after --deadline is skipped, so the benchmark reports before its time is up.
@@ -389,17 +432,47 @@ class Session:
             return
         workload = await self._workload(mode, n, repeat, target)
         print(f"bench: run {label} ({n} requests)", flush=True)
-        summary = await bench.run(target, workload, schedule, policy=policy if self._via_router(target) else "",
-                                  repeat=repeat)
+        recording = self._recording(target, schedule, repeat)
+        on_start = None
+        if recording is not None:  # a Poisson run: its counted window; a burst: all of it
+            open_loop = schedule.arrivals_s is not None
+            on_start = lambda t0: recording.begin(t0 + schedule.warmup_s if open_loop else t0,  # noqa: E731
+                                                  schedule.window_s if open_loop else None)
+        try:
+            summary = await bench.run(target, workload, schedule, policy=policy if self._via_router(target) else "",
+                                      repeat=repeat, on_start=on_start)
+        finally:
+            if recording is not None and (svg := await recording.finish()):
+                self.extra.setdefault("profiles", {})[label] = str(svg)
         self.summaries.append(summary)
         with self.progress.open("a", encoding="utf-8") as f:  # a run cut short by a time limit keeps these
             f.write(json.dumps(report.clean(asdict(summary)), ensure_ascii=False) + "\n")
         print(report.table([summary]).splitlines()[-1], flush=True)
 
+    def _recording(self, target: RunTarget, schedule: Schedule, repeat: int):
+        """A py-spy recording of the server for this run, when --profile names it (its first repeat only)."""
+        if not self.args.profile or repeat != 1 or self.profiled:
+            return None
+        from bench.pyspy import Recording, parse_profile
+
+        path, label = parse_profile(self.args.profile)
+        if target.path != path or schedule.label != label:
+            return None
+        self.profiled = True
+        # The server: the app the benchmark started (python -m app), else this process (the in-process app).
+        pid = self.app_process.proc.pid if self.app_process is not None else os.getpid()
+        name = f"profile-{path}-{self.args.profile.partition('@')[2]}.svg"
+        return Recording(pid, self.args.out / name)
+
     async def _workload(self, mode: str, n: int, repeat: int, target: RunTarget):
         a = self.args
         families = self.chosen_families if mode == "families" else []
-        return build_workload(mode, self.base, n, seed=a.seed + 1000 * repeat, dynamic_templates=self.dynamic_n,
+        seed = a.seed + 1000 * repeat
+        if a.app_engine == "local":
+            # The started app's cache is never reset: a path asking the questions another path asked just before
+            # would find their blocks cached. Each path gets its own draw of the same questions' distribution.
+            seed += 100 * a.paths.index(target.path)
+        return build_workload(mode, self.base, n, seed=seed, dynamic_templates=self.dynamic_n,
                               pinned=a.pinned, zipf_s=a.zipf, salt_prefix=f"bench-{int(self.started)}-{repeat}",
                               families=families)
 
@@ -503,6 +576,9 @@ class Session:
         if replicas := report.replica_table(runs):
             print()
             print(replicas)
+        if app := report.app_table(runs):
+            print()
+            print(app)
         closed = [s for s in runs if s.window_s == 0 and s.path in ("raw", "app", "http") and s.mode in report.ARTICLE]
         if closed:
             print()

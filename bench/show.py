@@ -13,7 +13,7 @@ import math
 import sys
 from pathlib import Path
 
-from bench.report import ReplicaWindow, RunSummary, replica_table, table
+from bench.report import ReplicaWindow, RunSummary, app_table, replica_table, table
 
 
 def summaries_from(body: dict) -> list[RunSummary]:
@@ -48,6 +48,8 @@ def show(path: Path) -> str:
     lines.append(table(runs))
     if replicas := replica_table(runs):
         lines += ["", replicas]
+    if app := app_table(runs):
+        lines += ["", app]
     for key, rate in (body.get("max_rate_within_slo") or {}).items():
         lines.append(f"highest rate with p99 TTFT <= {body.get('ttft_slo_ms')} ms, every run passing, {key}: {rate}")
     return "\n".join(lines)

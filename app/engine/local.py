@@ -73,10 +73,11 @@ class LocalEngine:
         self.flags = resolve_flags(settings, on_cpu=on_cpu)
         # Twice vLLM's batch by default: the engine queues a little, beyond that users hear "busy".
         self.max_concurrent_requests = settings.max_concurrent_requests or 2 * self.flags.max_num_seqs
+        self.stall_timeout_s = settings.engine_stall_timeout_s
         self._monitor = CacheMonitor(evictions_enabled=settings.kv_cache_metrics)
         self._active: dict[str, _Running] = {}
         self._ids = itertools.count()
-        self._last_output = time.monotonic()
+        self._busy_since = time.monotonic()  # when vLLM last went from no unfinished request to some
         self._stalled = ""  # why the running core was declared dead without dying ("" while it is fine)
         self._watchdog: asyncio.Task | None = None
         block_size = settings.block_size or (CPU_BLOCK_SIZE if on_cpu else GPU_BLOCK_SIZE)
@@ -162,8 +163,10 @@ class LocalEngine:
         request_id: str | None = None,
         routing_key: str | None = None,  # one engine: nothing to route
         step_delay_ms: int = 0,
+        warmup: bool = False,
     ) -> AsyncIterator[Delta | RequestStats]:
-        """Yield the answer as ``Delta``s, then one ``RequestStats``.
+        """Yield the answer as ``Delta``s, then one ``RequestStats``. A ``warmup`` request skips the prefix
+        cache lookup, which is where vLLM counts its queries and hits: the console's hit rate never sees it.
 
         Raises EngineBusy before starting when too many answers are in flight or the engine is
         restarting, EngineRejected when vLLM refuses the request as sent, and EngineError when vLLM
@@ -187,12 +190,15 @@ class LocalEngine:
             ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.DELTA,
             extra_args=_step_delay_args(step_delay_ms, registered=self._settings.engine_step_delays),
+            skip_reading_prefix_cache=warmup or None,  # None: vLLM's default (read it unless prompt logprobs)
         )
         prompt: dict = {"prompt_token_ids": list(prompt_token_ids)}
         if cache_salt:
             prompt["cache_salt"] = cache_salt
         request_id = request_id or f"pd-{next(self._ids)}-{uuid.uuid4().hex[:8]}"
         started = time.perf_counter()
+        if self.num_unfinished_requests() == 0:  # the engine is idle until now: the stall clock starts here
+            self._busy_since = time.monotonic()
         running = self._active[request_id] = _Running(time.monotonic(), prompt["prompt_token_ids"], cache_salt)
         first = last = None
         output_tokens = 0
@@ -202,7 +208,6 @@ class LocalEngine:
         try:
             async for out in self._llm.generate(prompt, params, request_id=request_id):
                 now = time.perf_counter()
-                self._last_output = time.monotonic()
                 completion = out.outputs[0]
                 if out.num_cached_tokens is not None:
                     num_cached_tokens = out.num_cached_tokens
@@ -277,10 +282,14 @@ class LocalEngine:
         return self._restart_task is not None and not self._restart_task.done()
 
     def stall_s(self) -> float:
-        """Seconds the engine has had requests in flight without handing any of them an output."""
-        if not self._active:
+        """Seconds the engine has held unfinished requests without computing a token for any of them.
+
+        Progress is the engine's own (vLLM's stats of each step it sends back, counted in
+        CacheMonitor.progressed), never a reader's pace: a stream nobody reads keeps its request
+        running, and a request whose reader is slow finished in the engine is not unfinished."""
+        if self.num_unfinished_requests() == 0:
             return 0.0
-        since = max(self._last_output, min(r.sent_at for r in list(self._active.values())))
+        since = max(self._monitor.last_tokens_at, self._busy_since)
         return time.monotonic() - since
 
     async def health(self) -> Health:
@@ -289,7 +298,7 @@ class LocalEngine:
         if self._stalled:
             return Health(False, self._stalled)
         stall_s = self.stall_s()
-        if stall_s > self._settings.engine_stall_timeout_s:
+        if stall_s > self.stall_timeout_s:
             return Health(False, f"no request has progressed for {stall_s:.0f} s")
         try:
             await self._llm.check_health()
@@ -325,14 +334,15 @@ class LocalEngine:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="engine-watchdog")
 
     async def _watch(self) -> None:
-        """Declare the core dead when requests are in flight and none has progressed for
-        ``engine_stall_timeout_s``: a core whose input thread died never says so itself."""
+        """Declare the core dead when it holds unfinished requests and has computed no token for
+        ``stall_timeout_s`` (stall_s): a core whose input thread died never says so itself."""
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             stall_s = self.stall_s()
-            if stall_s > self._settings.engine_stall_timeout_s and not self.restarting and not self._stalled:
+            if stall_s > self.stall_timeout_s and not self.restarting and not self._stalled:
                 self._stalled = f"no request progressed for {stall_s:.0f} s; the model is restarting"
-                log.error("the vLLM engine stalled with %d requests in flight; restarting it", len(self._active))
+                log.error("the vLLM engine computed no token for %.0f s with %d requests unfinished; restarting it",
+                          stall_s, self.num_unfinished_requests())
                 from vllm.v1.engine.exceptions import EngineDeadError
 
                 # Wake every waiting stream with the error vLLM itself sends when its core dies.
@@ -361,7 +371,7 @@ class LocalEngine:
         # Building an engine blocks for seconds; a thread keeps the chat answering meanwhile.
         self._llm = await asyncio.to_thread(self._new_llm)
         self._stalled = ""
-        self._last_output = time.monotonic()
+        self._busy_since = time.monotonic()
         self.restarts += 1
         log.info("the vLLM engine restarted (%d restarts so far)", self.restarts)
 

@@ -4,7 +4,8 @@ vLLM marks ``SchedulerStats`` and ``IterationStats`` unstable, so this module is
 reads them. The engine core runs in a child process; vLLM hands each step's stats to the stat
 loggers in this process, and ``CacheMonitor`` keeps what the console shows: the scheduler's state,
 prefix-cache hits, prompt tokens by source, preemptions, waiting reasons and (with
---kv-cache-metrics) sampled block evictions. What the installed vLLM lacks is found once, from its
+--kv-cache-metrics) sampled block evictions; ``CacheMonitor.progressed`` keeps when the engine last
+computed tokens (the watchdog's clock). What the installed vLLM lacks is found once, from its
 classes, and reported as None rather than as zero.
 """
 
@@ -74,8 +75,17 @@ class CacheMonitor:
     evicted: int = 0
     lifetime_s: float = 0.0
     idle_s: float = 0.0
+    tokens: int = 0  # prompt and output tokens the engine computed, since start
+    last_tokens_at: float = field(default_factory=time.monotonic)  # when a step last computed any (monotonic s)
     window: collections.deque = field(default_factory=collections.deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def progressed(self, tokens: int) -> None:
+        """An engine step computed ``tokens`` tokens: the watchdog's sign of life, whoever reads them."""
+        if tokens:
+            with self.lock:
+                self.tokens += tokens
+                self.last_tokens_at = time.monotonic()
 
     def record(self, step: StepStats) -> None:
         now = time.monotonic()
@@ -126,6 +136,7 @@ class CacheMonitor:
                 waiting_by_reason=WaitingReasons(self.waiting_capacity, self.waiting_deferred)
                 if f.waiting_reasons else None,
                 evictions=evictions,
+                num_engine_tokens=self.tokens,
             )
 
     def reset_max_running_seen(self) -> None:
@@ -179,6 +190,9 @@ def stat_logger_factory(monitor: CacheMonitor):
             pass
 
         def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0, **_):
+            # Called for every batch of outputs the engine core sends, whether or not a stream reads them.
+            if iteration_stats is not None:
+                monitor.progressed(iteration_stats.num_generation_tokens + iteration_stats.num_prompt_tokens)
             if scheduler_stats is not None or iteration_stats is not None:
                 monitor.record(step_stats(scheduler_stats, iteration_stats))
 

@@ -123,6 +123,7 @@ class RemoteEngine:
         request_id: str | None = None,
         routing_key: str | None = None,
         step_delay_ms: int = 0,
+        warmup: bool = False,  # vllm serve has no way to keep it out of its counters: a replica counts it
     ) -> AsyncIterator[Delta | RequestStats]:
         """Yield the answer as ``Delta``s, then one ``RequestStats``.
 

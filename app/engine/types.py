@@ -166,6 +166,9 @@ class CacheSnapshot:
     preemptions: int | None = None  # since start (vllm:num_preemptions)
     waiting_by_reason: WaitingReasons | None = None
     evictions: EvictionSample | None = None
+    # Prompt and output tokens of the engine's steps since start (a prompt's, cached ones included, when its
+    # prefill completes): what the watchdog counts as progress. 0 where the engine does not say (remote).
+    num_engine_tokens: int = 0
 
     @property
     def hit_rate(self) -> float:
@@ -240,6 +243,11 @@ class Engine(Protocol):
     @property
     def restarting(self) -> bool: ...
 
+    @property
+    def in_flight(self) -> int:
+        """Answers this process is streaming from the engine now."""
+        ...
+
     def replicas(self) -> tuple[ReplicaView, ...]:
         """The engine's replicas as of their latest scrape; empty for an in-process engine."""
         ...
@@ -254,7 +262,11 @@ class Engine(Protocol):
         request_id: str | None = None,
         routing_key: str | None = None,
         step_delay_ms: int = 0,  # PREFIXDESK_STEP_DELAY_MS (tests only)
-    ) -> AsyncIterator[Delta | RequestStats]: ...
+        warmup: bool = False,
+    ) -> AsyncIterator[Delta | RequestStats]:
+        """The answer as ``Delta``s, then one ``RequestStats``. ``warmup``: the app's own request, kept out of
+        the prefix-cache statistics the console shows where the engine can (in-process)."""
+        ...
 
     async def abort_all(self) -> int: ...
 

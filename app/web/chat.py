@@ -5,14 +5,25 @@ server-side state; the chatbot is only ever an output, so no value a browser sen
 as a component value (Gradio would serve a file named in such a value). Every text in it is shown
 as text: the chatbot renders no Markdown, and HTML in a message is escaped, so no message can
 draw a form or fetch an image. Nothing a browser sends is kept before the desk has taken it in:
-a refused message leaves the conversation state as it was. Handlers stay thin: they check the
-session key (app/core/session_keys.py) and translate between Gradio's values and the Desk's events.
+a refused message leaves the conversation state as it was (and goes back to the message box).
+Handlers stay thin: they check the session key (app/core/session_keys.py) and translate between
+Gradio's values and the Desk's events.
+
+Streaming is where the page spends its server's time, so its events do the least Gradio lets them
+(docs/benchmarks.md, "The chat path"): their outputs are the chatbot, the server-side states and the
+session key, with no ``gr.skip()`` of a component (Gradio 6 rebuilds a component for each skip: 1.1
+of the 1.7 ms an update cost; and the page sets every output again from every update, so an output
+cannot simply repeat its value either); Gradio's postprocessing is off for them, because the messages
+are built here in the chatbot's own format, each once (the history when the answer starts, then only
+the answer); the page empties the message box itself; and the sidebar's list is refreshed once,
+after the answer, by a short event of its own (which also hands a refused message back to the box).
 """
 
 from __future__ import annotations
 
 import asyncio
 import html
+import inspect
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,7 +31,7 @@ from typing import Any
 import gradio as gr
 
 from app.core.callers import ProxyTrust, TenantRefused
-from app.core.desk import Desk, DeskInputError, Finished, Progress
+from app.core.desk import MAX_MESSAGE_CHARS, Desk, DeskInputError, Finished, Progress
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
 from app.db.rows import MessageRow
@@ -30,9 +41,15 @@ from app.web.chat_text import TEXT, caption_details, caption_title
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
+# Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
 UI_UPDATE_INTERVAL_S = 0.1
-
-_SKIP = object()  # an output left as it is (gr.skip())
+# Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
+# its inputs and calling the server, and not at all when the event is skipped because an answer still streams).
+CLEAR_BOX_JS = """(...inputs) => {
+  const box = document.querySelector('#message textarea');
+  if (box) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+  return inputs;
+}"""
 
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
@@ -41,11 +58,15 @@ JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,
-               trust: ProxyTrust, model_name: str) -> gr.Blocks:
+               trust: ProxyTrust, model_name: str, updates_per_s: int = 2000) -> gr.Blocks:
     """The chat page. ``browser_secret`` encrypts the browser's copy of its session key (every page
     carries it: it is no secret from the browser); ``keys`` issues and checks the session keys. Both
-    must outlive restarts."""
+    must outlive restarts. ``updates_per_s``: the screen updates all streaming answers share
+    (PREFIXDESK_CHAT_UPDATES_PER_S)."""
     t = TEXT[language]
+
+    def pace_s() -> float:
+        return update_interval_s(desk.engine.in_flight, updates_per_s)
 
     def caller_of(request: gr.Request | None):
         headers = dict(request.headers) if request is not None else {}
@@ -57,66 +78,81 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 [tpl.name for tpl in desk.catalog.customer_facing()]
         return gr.update(choices=names, value=names[0] if names else None)
 
+    def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "") -> tuple:
+        """The screen after a refusal: the conversation as it was with the notice, the shown state as it was,
+        and ``message`` to hand back to the box (one the box could hold; anything larger is nobody's typing)."""
+        back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
+        return shown + [_notice(text, t)], shown, conversation_id, session_key, back
+
     async def on_load(session_key: str):
-        key = keys.browser(session_key) or keys.mint_browser()
+        key = keys.browser(session_key)
+        if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
+            return keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"])
         return key, picker(), await _conversation_choices(desk, key, t)
 
-    async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, box, restore):
-        """Chat outputs while the desk's ``events`` run: the question at once (``box`` is the message box's new
-        value), then the answer as it streams, then the stored conversation. A refusal shows the conversation
-        as it was (``shown``) with the desk's notice, and puts ``restore`` back in the message box."""
+    async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = ""):
+        """(chatbot, shown, conversation id, session key, returned) while the desk's ``events`` run: the
+        question at once, then the answer as it streams, then the stored conversation. A refusal shows the
+        conversation as it was (``shown``) with the desk's notice, and hands ``restore`` back to the box."""
         events = _Ahead(events)
         try:
-            yield _screen(base, session_key=session_key, box=box)
-            async for update in _stream(events, base, conversation_id, session_key, desk, t, language):
+            yield base, base, conversation_id, session_key, gr.skip()
+            async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
-            yield _screen(shown + [_notice(str(exc), t)], box=restore)
+            yield refused(shown, str(exc), conversation_id, session_key, restore)
         finally:
             await events.aclose()
 
-    async def send(message: str, template: str, conversation_id: int | None, session_key: str, shown: list,
+    async def send(message: Any, template: str, conversation_id: int | None, session_key: str, shown: list,
                    request: gr.Request):
         shown = list(shown or [])
         if message is None or (isinstance(message, str) and not message.strip()):
-            yield _screen(shown + [_notice(t["empty"], t)])
+            yield refused(shown, t["empty"], conversation_id, session_key)
             return
         try:  # type, rate and size, before anything keeps the message
             caller = caller_of(request)
             admitted = desk.admit(client=caller.address, message=message)
         except (TenantRefused, DeskInputError) as exc:
-            yield _screen(shown + [_notice(str(exc), t)])
+            yield refused(shown, str(exc), conversation_id, session_key, message)
             return
         key = keys.browser(session_key)
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
-            key = keys.mint_browser()
-            yield _screen([_notice(t["expired"], t)], shown=[], conversation_id=None, session_key=key,
-                          conversations=await _conversation_choices(desk, key, t))
+            yield refused([], t["expired"], None, keys.mint_browser(), message)
             return
         events = desk.answer(session_key=key, client=caller.address, template_name=template, message=admitted,
                              conversation_id=conversation_id, tenant=caller.tenant)
-        base = shown + [{"role": "user", "content": as_text(admitted.text)}]
-        async for update in on_screen(shown, base, conversation_id, key, events, box="", restore=message):
+        base = shown + [_message("user", admitted.text)]
+        async for update in on_screen(shown, base, conversation_id, key, events, restore=message):
             yield update
 
     async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
         shown = list(shown or [])
         key = keys.browser(session_key)
         if conversation_id is None or key is None:
-            yield _screen(shown + [_notice(t["nothing_to_retry"], t)])
+            yield refused(shown, t["nothing_to_retry"], conversation_id, session_key)
             return
         try:
             caller = caller_of(request)
         except TenantRefused as exc:
-            yield _screen(shown + [_notice(str(exc), t)])
+            yield refused(shown, str(exc), conversation_id, session_key)
             return
         rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
         events = desk.retry(session_key=key, client=caller.address, conversation_id=conversation_id,
                             tenant=caller.tenant)
-        async for update in on_screen(shown, base, conversation_id, key, events, box=gr.skip(), restore=gr.skip()):
+        async for update in on_screen(shown, base, conversation_id, key, events):
             yield update
+
+    async def after_answer(session_key: str, returned: str):
+        """The sidebar's list once an answer is stored, and a refused message back in the box."""
+        key = keys.browser(session_key)
+        choices = await _conversation_choices(desk, key, t) if key else gr.update(
+            choices=[], value=None, label=t["no_conversations"])
+        if not returned:
+            return choices, gr.skip(), gr.skip()
+        return choices, returned, ""
 
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
         # The cancelled answer stores itself as stopped; show the stored conversation once it has.
@@ -144,7 +180,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages, conversation_id, template
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
-                       request: gr.Request):
+                       request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
             args = _api_args(message, history, template, conversation_id, tenant, t)
@@ -172,6 +208,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
             if info.is_demo_model:
                 gr.Markdown(t["demo"], elem_id="demo-notice")
+        returned = gr.State("")  # a refused message, handed back to the box by after_answer
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
         chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
@@ -184,26 +221,32 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
             retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
 
-        outputs = [chatbot, shown, conversation_id, session_key, conversations, box]
         private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
-        submit = box.submit(send, [box, template, conversation_id, session_key, shown], outputs, **private)
-        click = send_btn.click(send, [box, template, conversation_id, session_key, shown], outputs, **private)
-        again = retry_btn.click(retry, [conversation_id, session_key, shown], outputs, **private)
+        # The streaming events: their messages are already in the chatbot's format (module docstring). The page
+        # empties the message box itself as a question leaves, so the box is none of their outputs.
+        streaming = {**private, "postprocess": False}
+        screen = [chatbot, shown, conversation_id, session_key, returned]
+        asked = [box, template, conversation_id, session_key, shown]
+        submit = box.submit(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
+        click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
+        again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
+        for answered in (submit, click, again):  # the sidebar, once the answer is stored: one short request
+            answered.then(after_answer, [session_key, returned], [conversations, box, returned], queue=False,
+                          **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
         stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
         stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
-        demo.load(on_load, [session_key], [session_key, template, conversations], **private)
+        # One short request when the page loads, outside the queue (no event stream to open and close for it).
+        demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
                             [chatbot, shown, conversation_id, template], **private)
         new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
         template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
 
-        with gr.Row(visible=False):
-            api_inputs = [gr.JSON() for _ in range(5)]
-            api_out = gr.JSON()
-            api_btn = gr.Button()
-        api_btn.click(api_chat, api_inputs, api_out, api_name="chat", concurrency_limit=None)
+        # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
+        # configures again for every new browser session.
+        gr.api(api_chat, api_name="chat", concurrency_limit=None)
     return demo
 
 
@@ -234,16 +277,26 @@ class _Ahead:
         await self._events.aclose()
 
 
-async def _stream(events, base: list, conversation_id, session_key: str, desk: Desk, t: dict, language: str):
-    """Chat outputs for each of the desk's events: the answer so far, then the stored conversation.
+def update_interval_s(answers_in_flight: int, updates_per_s: int) -> float:
+    """Seconds between one answer's screen updates: UI_UPDATE_INTERVAL_S, or longer when the answers in flight
+    would together send more than ``updates_per_s`` (each update costs Gradio the same, however much text it
+    carries: bench/chat_updates.py)."""
+    return max(UI_UPDATE_INTERVAL_S, answers_in_flight / updates_per_s)
 
-    The first text goes out at once; after it, at most one update per UI_UPDATE_INTERVAL_S: the next
-    event is taken only then, and the engine's output gathers meanwhile, so each update carries all
-    the text so far. While the answer streams only the chatbot changes (and the conversation id,
-    once): the other outputs are skipped, which spares Gradio a round of postprocessing per update.
+
+async def _stream(events, base: list, conversation_id, session_key: str, t: dict, language: str, pace_s):
+    """(chatbot, shown, conversation id, session key, returned) for each of the desk's events: the answer so
+    far, then the conversation as stored.
+
+    The first text goes out at once; after it, one update per ``pace_s()`` at most (UI_UPDATE_INTERVAL_S,
+    longer under load): the next event is taken only then, and the engine's output gathers meanwhile,
+    so each update carries all the text so far. While the answer streams, the history's messages are the same objects in every
+    update (Gradio's diff sees them unchanged at once) and only the answer's message is new; the
+    shown state keeps its value (skipping a state costs Gradio nothing).
     """
     loop = asyncio.get_running_loop()
     next_update_at = 0.0
+    asked_in = conversation_id
     while True:
         if (wait_s := next_update_at - loop.time()) > 0:
             await asyncio.sleep(wait_s)
@@ -252,16 +305,17 @@ async def _stream(events, base: list, conversation_id, session_key: str, desk: D
         except StopAsyncIteration:
             return
         if isinstance(event, Progress):
-            next_update_at = loop.time() + UI_UPDATE_INTERVAL_S
+            next_update_at = loop.time() + pace_s()
             known, conversation_id = conversation_id, event.conversation_id
-            yield (base + [{"role": "assistant", "content": as_text(event.text)}], gr.skip(),
-                   gr.skip() if known == conversation_id else conversation_id, gr.skip(), gr.skip(), gr.skip())
+            yield (base + [_message("assistant", event.text)], gr.skip(),
+                   gr.skip() if known == conversation_id else conversation_id, session_key, gr.skip())
         elif isinstance(event, Finished):
-            rows = await desk.conversation(session_key=session_key,
-                                           conversation_id=event.message.conversation_id) or []
-            messages = _history_messages(rows, t, language)
-            choices = await _conversation_choices(desk, session_key, t)
-            yield messages, messages, event.message.conversation_id, session_key, choices, gr.skip()
+            # The conversation as stored, with no second read of the database: what was shown (stored messages,
+            # and last the question as the desk stores it; a new conversation is the question alone) and the
+            # answer's stored row, as the customer may see it (event.customer: app/core/cache_figures.py).
+            shown = base if asked_in == event.message.conversation_id else base[-1:]
+            messages = shown + _answer_messages(event.customer, t, language)
+            yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 
 
 def as_text(text: str) -> str:
@@ -269,25 +323,24 @@ def as_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _screen(chatbot: list, *, shown=_SKIP, conversation_id=_SKIP, session_key=_SKIP, conversations=_SKIP,
-            box=_SKIP) -> tuple:
-    """The chat's outputs: what the chatbot shows, and each other output (skipped unless given)."""
-    return tuple(gr.skip() if v is _SKIP else v for v in (chatbot, shown, conversation_id, session_key,
-                                                            conversations, box))
+def _message(role: str, text: str, title: str | None = None) -> dict:
+    """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text."""
+    return {"role": role, "metadata": {"title": title, "status": "done"} if title else None,
+            "content": [{"text": as_text(inspect.cleandoc(text)), "type": "text"}], "options": None}
 
 
 def _notice(text: str, t: dict) -> dict:
-    return {"role": "assistant", "content": as_text(text), "metadata": {"title": t["notice"], "status": "done"}}
+    return _message("assistant", text, t["notice"])
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
-    out = [{"role": "assistant", "content": as_text(m.text)}] if m.text else []
+    out = [_message("assistant", m.text)] if m.text else []
     if m.status == "ok":
-        out.append({"role": "assistant", "content": caption_details(m, language),
-                    "metadata": {"title": caption_title(m, language), "status": "done"}})
+        out.append(_message("assistant", caption_details(m, language), caption_title(m, language)))
     elif m.status == "stopped":
-        out.append({"role": "assistant", "content": caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                    "metadata": {"title": t["stopped"], "status": "done"}})
+        out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
+                            t["stopped"]))
     else:
         out.append(_notice(m.error or "", t))
     return out
@@ -297,7 +350,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     out: list[dict] = []
     for m in messages:
         if m.role == "user":
-            out.append({"role": "user", "content": as_text(m.text)})
+            out.append(_message("user", m.text))
         elif m.status != "generating":
             out.extend(_answer_messages(m, t, language))
     return out

@@ -21,8 +21,9 @@ GRADIO_API = "/gradio_api/"
 CHAT_JOIN = "/gradio_api/queue/join"
 # What the pages request (watched in chromium) and what gradio_client calls (gradio_client/utils.py):
 # an event is queued (join), streamed back (data), kept alive (heartbeat), stopped (cancel, reset);
-# the client reads the API's description (info). The console also uploads and downloads template files.
-CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info"})
+# the client reads the API's description (info); an event outside the queue (the chat's page load and the
+# sidebar after an answer) is one request (run/predict). The console also uploads and downloads template files.
+CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", "run/predict"})
 CHAT_ROUTE_PREFIXES = ("heartbeat/",)  # heartbeat/<session>
 CONSOLE_ROUTES = CHAT_ROUTES | {"upload", "upload_progress"}
 CONSOLE_ROUTE_PREFIXES = CHAT_ROUTE_PREFIXES + ("file=",)  # file=<path>

@@ -47,6 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+CHAT_PROGRESS_POLL_S = 1.0  # the chat reports no gr.Progress: the queue's progress scan can all but sleep
+CONSOLE_PROGRESS_POLL_S = 0.25  # the console's publish progress bar: four updates a second
+
 
 @dataclass
 class Services:
@@ -134,15 +137,18 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
                  pwa=False, ssr_mode=False)
     blocks = build_admin(console)
-    _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests)
+    _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests,
+           progress_poll_s=CONSOLE_PROGRESS_POLL_S)
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
                         blocked_paths=_blocked_paths(settings), **mount)
     _keep_files_in(app, "/admin", blocks, console_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
+                      updates_per_s=settings.chat_updates_per_s,
                       browser_secret=_secret(settings, "browser-state.key"),
                       keys=SessionKeys(_secret(settings, "session-key.key")), trust=services.trust,
                       model_name=model_label(settings.model, settings.ui_language))
-    _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests)
+    _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,
+           progress_poll_s=CHAT_PROGRESS_POLL_S)
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb",
                         blocked_paths=[*_blocked_paths(settings), str(console_files)], **mount)
     keep_no_snapshots(app, blocks)
@@ -182,12 +188,18 @@ def _keep_files_in(app: FastAPI, path: str, blocks: gr.Blocks, folder: Path) -> 
         block.GRADIO_CACHE = str(folder)
 
 
-def _queue(blocks: gr.Blocks, max_size: int, at_once: int) -> None:
+def _queue(blocks: gr.Blocks, max_size: int, at_once: int, *, progress_poll_s: float) -> None:
     """Gradio's queue, running as many events at once as the engine takes answers. Gradio runs at most
     ``max_threads`` events at once (40 unless launch() says otherwise, and a mounted app never launches),
-    concurrency limits or not: on a GPU that, not the engine, capped the chat at 40 answers in flight."""
+    concurrency limits or not: on a GPU that, not the engine, capped the chat at 40 answers in flight.
+
+    Every 10 ms the queue walks all ``max_threads`` job slots looking for gr.Progress updates, loaded or
+    idle: with slots for every answer the engine takes that walk alone held the event loop most of the
+    time (47% of it under a CPU load test with 100,000 slots). The chat sends no progress, and the
+    console's one progress bar (publishing) needs no more than a few updates a second."""
     blocks.max_threads = max(at_once, 40)
     blocks.queue(default_concurrency_limit=None, max_size=max_size)
+    blocks._queue.progress_update_sleep_when_free = progress_poll_s
 
 
 def create_api_app(services: Services) -> FastAPI:
@@ -315,7 +327,7 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) ->
     """Start-up warmup and the background loops around the app's own lifespan; ``folders`` are removed
     at the end."""
     from app.core.background import background, warm_published
-    from app.core.warmup import probe_token
+    from app.core.warmup import probe_token, warm_sampling
 
     inner = app.router.lifespan_context
 
@@ -326,10 +338,11 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) ->
         async def warm_then_ready() -> None:
             try:
                 if services.settings.warm_on_start:
-                    n = await warm_published(engine=services.engine, catalog=services.catalog,
-                                             probe_id=probe_token(services.prompts.tokenizer),
+                    probe_id = probe_token(services.prompts.tokenizer)
+                    n = await warm_published(engine=services.engine, catalog=services.catalog, probe_id=probe_id,
                                              shards=services.settings.family_shards)
-                    log.info("warmed %d templates", n)
+                    ran = await warm_sampling(services.engine, probe_id=probe_id)
+                    log.info("warmed %d templates and the sampler (%d requests at once)", n, ran)
             except Exception:  # a failed warmup costs the first customers a cold cache, not the server
                 log.exception("start-up warmup failed")
             _freeze_heap()

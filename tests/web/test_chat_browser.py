@@ -185,6 +185,27 @@ def test_closing_the_tab_mid_answer_stores_it_as_stopped(browser, long_answers, 
     assert engine.num_unfinished_requests() == 0
 
 
+def test_what_the_customer_types_while_an_answer_streams_stays_and_the_sidebar_lists_the_chat(browser, long_answers):
+    # The answer's last update must leave the message box alone; the sidebar refreshes once the answer is stored.
+    url, db = long_answers
+    for _ in range(3):  # as while_streaming: the typing must happen before the answer's end, or it proves nothing
+        page = open_chat(browser, url)
+        asked = f"What does shipping cost? {uuid.uuid4().hex[:6]}"
+        index = ask(page, asked)
+        page.wait_for_function("window.__pdStream.lengths.length > 0", polling=50, timeout=60_000)
+        box = page.locator("#message textarea")
+        box.fill("And gift wrapping?")
+        typed_while_streaming = conversation(db, asked)[-1]["status"] == "generating"
+        caption(page, index).wait_for(timeout=120_000)
+        assert wait_for_status(db, asked, 0)["status"] == "ok"
+        page.locator("#conversations label").filter(has_text=asked).wait_for(timeout=30_000)
+        assert box.input_value() == "And gift wrapping?"
+        page.close()
+        if typed_while_streaming:
+            return
+    raise AssertionError("three answers ended before the customer typed: the page was too late each time")
+
+
 def test_retry_on_a_reopened_conversation_replaces_the_last_answer(browser, server_url, db):
     page = open_chat(browser, server_url)
     tag = uuid.uuid4().hex[:6]

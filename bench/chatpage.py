@@ -1,0 +1,290 @@
+"""The chat page under load: Gradio's queue protocol spoken from asyncio, as the browser speaks it.
+
+``ChatPageTarget`` is the benchmark's ``chat`` path. It reads the page's ``/config`` once per client
+process to find the page-load event and the message box's submit event (their ``fn_index``,
+trigger and inputs), then plays each simulated customer as a fresh browser session, exactly as
+chromium does (watched with Playwright's ``page.on("request")``):
+
+1. the page load's event with a new ``session_hash``: ``POST /gradio_api/run/predict`` (the chat's
+   is outside the queue), or for a queued one ``POST /gradio_api/queue/join`` and the SSE
+   ``GET /gradio_api/queue/data?session_hash=…`` until ``close_stream``; it gives the session key and
+   fills the template picker (the send event refuses a template that is not among the picker's
+   choices, so it cannot be skipped);
+2. the same two requests for the submit event with (question, template, the session key; ``null``
+   for the server-side states), reading ``process_generating`` diffs until ``process_completed``;
+3. the events the page chains after it (``.then``: the sidebar's refresh), as the browser triggers
+   them once the answer completed: queued ones as above, the others as ``POST /gradio_api/run/predict``.
+
+Times count from the customer's scheduled arrival (the page load included); the first content is
+the first update in which the answer (the assistant text after the question, captions excluded)
+is not empty, the end is ``process_completed``. The caption's stored stats (cached / prompt
+tokens, the engine's first token) are read from the final value. The page never learns the
+answer's token count, so a chat sample counts the updates it received instead.
+
+``python -m bench.chatload --self-check`` measures this client against ``bench.chatstub``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+from dataclasses import dataclass
+
+from bench.loadgen import Outcome, Timer
+from bench.workload import BenchRequest
+
+try:
+    import orjson
+
+    _loads = orjson.loads
+except ImportError:  # the standard library parses the same JSON, a little slower
+    _loads = json.loads
+
+CONFIG_PATH = "config"
+JOIN_PATH = "gradio_api/queue/join"
+DATA_PATH = "gradio_api/queue/data"
+PREDICT_PATH = "gradio_api/run/predict"  # events that skip the queue
+MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
+END_MESSAGES = ("process_completed", "unexpected_error")
+# The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
+CAPTION_TOKENS = re.compile(r"(\d+) / (\d+)")
+CAPTION_TTFT = re.compile(r"(?:engine first token|引擎首 token) (\d+) ms")
+
+
+class ChatPageError(RuntimeError):
+    """The page does not look like the chat, or an answer failed; the message says which."""
+
+
+@dataclass(frozen=True)
+class PageEvent:
+    """One event of the page as its config describes it."""
+
+    fn_index: int
+    trigger_id: int | None
+    input_types: tuple[str, ...]  # component types, e.g. ("textbox", "dropdown", "state", "browserstate", "state")
+    output_types: tuple[str, ...]
+    queued: bool = True  # False: the browser calls it with one POST, outside Gradio's queue
+
+
+@dataclass(frozen=True)
+class ChatPage:
+    load: PageEvent  # the page load: sets the session key and the template picker's choices
+    send: PageEvent  # the message box's submit
+    after_send: tuple[PageEvent, ...] = ()  # chained after it (.then), in the page's order
+
+    @property
+    def chatbot_index(self) -> int:
+        return self.send.output_types.index("chatbot")
+
+    @property
+    def session_index(self) -> int:
+        return self.load.output_types.index("browserstate")
+
+
+def find_chat_page(config: dict) -> ChatPage:
+    """The load and send events of the chat page's ``/config``; raises ChatPageError when absent."""
+    types = {c["id"]: c["type"] for c in config["components"]}
+    box = next((c["id"] for c in config["components"] if (c.get("props") or {}).get("elem_id") == MESSAGE_BOX), None)
+    load = send = None
+    events, follows = {}, {}
+    for index, dep in enumerate(config["dependencies"]):
+        targets = [tuple(t) for t in dep["targets"]]
+        event = PageEvent(dep.get("id", index), targets[0][0] if targets else None,
+                          tuple(types[i] for i in dep["inputs"]), tuple(types[i] for i in dep["outputs"]),
+                          queued=dep.get("queue") is not False)
+        events[event.fn_index] = event
+        if dep.get("trigger_after") is not None and not dep.get("trigger_only_on_failure"):
+            follows.setdefault(dep["trigger_after"], []).append(event.fn_index)
+        if any(kind == "load" for _, kind in targets) and "browserstate" in event.output_types:
+            load = event
+        if box is not None and (box, "submit") in targets:
+            send = event
+    if load is None or send is None or "chatbot" not in send.output_types:
+        raise ChatPageError("the page's config has no chat: no load event setting the session key, or no "
+                            f"submit event of #{MESSAGE_BOX} with a chatbot output")
+    return ChatPage(load, send, tuple(events[i] for i in follows.get(send.fn_index, ())))
+
+
+def send_inputs(event: PageEvent, *, question: str, template: str, session_key: str) -> list:
+    """The values a browser sends for ``event``'s inputs: server-side states go as null."""
+    values = {"textbox": question, "dropdown": template, "browserstate": session_key}
+    return [values.get(kind) for kind in event.input_types]
+
+
+def apply_diff(value, diff: list):
+    """Gradio's streaming diff applied in place (as the browser does); returns the new value."""
+    for action, path, new in diff:
+        if not path:
+            value = new if action == "replace" else value + new
+            continue
+        node = value
+        for key in path[:-1]:
+            node = node[key]
+        key = path[-1]
+        if action == "replace":
+            node[key] = new
+        elif action == "append":
+            node[key] += new
+        elif action == "add":
+            if isinstance(node, list):
+                node.insert(int(key), new)
+            else:
+                node[key] = new
+        elif action == "delete":
+            del node[int(key) if isinstance(node, list) else key]
+        else:
+            raise ChatPageError(f"unknown diff action {action!r}")
+    return value
+
+
+def answer_text(messages: list) -> str:
+    """The answer in a chatbot value: the assistant text after the last question, captions excluded."""
+    last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
+    parts = []
+    for m in messages[last_user + 1:]:
+        if m.get("role") == "assistant" and not (m.get("metadata") or {}).get("title"):
+            parts.append(_text(m.get("content")))
+    return "".join(parts)
+
+
+def caption_stats(messages: list) -> tuple[int, int, int] | None:
+    """(cached tokens, prompt tokens, engine TTFT ms) from the answer's caption, or None (no caption: a notice)."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            return None
+        if (m.get("metadata") or {}).get("title"):
+            text = _text(m.get("content"))
+            tokens, ttft = CAPTION_TOKENS.search(text), CAPTION_TTFT.search(text)
+            if tokens and ttft:
+                return int(tokens.group(1)), int(tokens.group(2)), int(ttft.group(1))
+            return None
+    return None
+
+
+def notice_of(messages: list) -> str:
+    """The text of the answer's notice (why it failed), or ""."""
+    for m in reversed(messages):
+        if m.get("role") == "user":
+            break
+        if (m.get("metadata") or {}).get("title"):
+            return f"{m['metadata']['title']}: {_text(m.get('content'))}"
+    return ""
+
+
+def _text(content) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # Gradio 6 sends a message's content as parts: [{"text": ..., "type": "text"}]
+        return "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class ChatPageTarget:
+    """The chat page's send event, one fresh browser session per request (see the module docstring)."""
+
+    def __init__(self, base_url: str, expect_text: str | None = None):
+        self.base_url = base_url.rstrip("/") + "/"
+        self.expect_text = expect_text  # the self-check's: every answer rebuilt from its diffs must be this
+        self.session = None
+        self.page: ChatPage | None = None
+
+    async def open(self) -> None:
+        import aiohttp
+
+        # No connection cap: at saturation thousands of customers hold a stream each.
+        connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=600)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None,
+                                                                                               sock_read=600))
+        async with self.session.get(self.base_url + CONFIG_PATH) as r:
+            if r.status != 200:
+                raise ChatPageError(f"GET /config: HTTP {r.status}")
+            self.page = find_chat_page(await r.json(loads=_loads))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    async def send(self, req: BenchRequest, max_tokens: int, timer: Timer) -> Outcome:
+        """One customer: the page load, then the question. ``max_tokens`` is the server's setting (the page
+        sends none), and the output token count is unknown to the page: 0, with the updates counted."""
+        page = self.page
+        session_hash = uuid.uuid4().hex[:11]  # as the browser's: 11 characters
+        timer.sent()
+        loaded, _ = await self._event(page.load, send_inputs(page.load, question="", template="", session_key=""),
+                                   session_hash)
+        outcome = Outcome(0, load_ms=(time.perf_counter() - timer.scheduled) * 1000)
+        session_key = loaded[page.session_index]
+        data = send_inputs(page.send, question=req.question, template=req.template, session_key=session_key)
+        final, streamed = await self._event(page.send, data, session_hash, timer=timer, outcome=outcome)
+        messages = final[page.chatbot_index] or []
+        stats = caption_stats(messages)
+        if stats is None:
+            raise ChatPageError(f"no stats in the answer: {notice_of(messages)[:200] or 'no caption'}")
+        outcome.cached_tokens, outcome.prompt_tokens, outcome.engine_ttft_ms = stats
+        text = answer_text(messages)
+        if answer_text(streamed or []) != text:  # what the updates built is what the page ends with
+            raise ChatPageError(f"the streamed updates add up to {answer_text(streamed or [])[:60]!r}, "
+                                f"the final answer is {text[:60]!r}")
+        if self.expect_text is not None and text != self.expect_text:
+            raise ChatPageError(f"the answer is {text[:80]!r}, not {self.expect_text[:80]!r}")
+        outcome.text = text
+        for event in page.after_send:  # after the answer's end: load on the server, not part of its timing
+            data = send_inputs(event, question=req.question, template=req.template, session_key=session_key)
+            if event.queued:
+                await self._event(event, data, session_hash)
+            else:
+                await self._predict(event, data, session_hash)
+        return outcome
+
+    async def _predict(self, event: PageEvent, data: list, session_hash: str) -> list:
+        """A non-queued event, as the browser calls it: one POST, its outputs in the answer."""
+        body = {"data": data, "event_data": None, "fn_index": event.fn_index, "trigger_id": event.trigger_id,
+                "session_hash": session_hash}
+        async with self.session.post(self.base_url + PREDICT_PATH, json=body) as r:
+            if r.status != 200:
+                raise ChatPageError(f"run/predict: HTTP {r.status}: {(await r.text())[:200]}")
+            return (await r.json(loads=_loads))["data"]
+
+    async def _event(self, event: PageEvent, data: list, session_hash: str, *, timer: Timer | None = None,
+                     outcome: Outcome | None = None) -> tuple[list, list | None]:
+        """Join ``event`` and read its stream to the end; returns its final output values and the chatbot value
+        its updates built. With ``timer``, marks the first answer text and every update that adds to it."""
+        body = {"data": data, "event_data": None, "fn_index": event.fn_index, "trigger_id": event.trigger_id,
+                "session_hash": session_hash}
+        async with self.session.post(self.base_url + JOIN_PATH, json=body) as r:
+            if r.status != 200:
+                raise ChatPageError(f"queue/join: HTTP {r.status}: {(await r.text())[:200]}")
+        chatbot = self.page.chatbot_index if timer is not None else None
+        value, shown, final = None, 0, None
+        async with self.session.get(self.base_url + DATA_PATH, params={"session_hash": session_hash}) as r:
+            if r.status != 200:
+                raise ChatPageError(f"queue/data: HTTP {r.status}")
+            async for line in r.content:
+                if not line.startswith(b"data:"):
+                    continue
+                if outcome is not None:
+                    outcome.stream_bytes += len(line)
+                message = _loads(line[5:])
+                kind = message.get("msg")
+                if kind == "process_generating" and chatbot is not None:
+                    update = message["output"]["data"][chatbot]
+                    value = update if value is None else apply_diff(value, update)
+                    outcome.updates += 1
+                    size = len(answer_text(value))
+                    if size > shown:
+                        shown = size
+                        timer.token()
+                elif kind in END_MESSAGES:
+                    if kind == "unexpected_error" or not message.get("success", False):
+                        output = message.get("output") or {}
+                        raise ChatPageError(f"{kind}: {output.get('error') or message.get('message')}"[:300])
+                    final = message["output"]["data"]
+                elif kind == "close_stream":
+                    break
+        if final is None:
+            raise ChatPageError("the stream closed before the event completed")
+        if timer is not None:
+            timer.last = time.perf_counter()  # the end is the completed message, as the page sees it
+        return final, value

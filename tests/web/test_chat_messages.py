@@ -1,0 +1,35 @@
+"""The chat's streaming events skip Gradio's postprocessing and send messages they built themselves:
+those must be exactly what Gradio's Chatbot would have made of them, or the page would show something else."""
+
+import gradio as gr
+
+from app.web.chat import _message
+
+CASES = [
+    ("user", "我刚买的手机屏幕碎了能退吗？", None),
+    ("assistant", "  indented first line\n      and a deeper one\n    back\n\n", None),  # cleandoc'd by Gradio
+    ("assistant", "\tTabbed\ttext\n\n\n", None),
+    ("assistant", "", None),
+    ("assistant", "缓存命中 1024 / 1065 个提示 token · 引擎首 token 12 ms", "⚡ 12 毫秒开始回答 · 客服手册已在缓存中"),
+    ("assistant", "<script>alert(1)</script> **bold**", "⚠️ Notice"),
+]
+
+
+def test_each_message_is_what_gradios_chatbot_makes_of_it():
+    as_chat_sends = [{"role": role, "content": text, **({"metadata": {"title": title, "status": "done"}} if title
+                                                        else {})} for role, text, title in CASES]
+    assert gr.Chatbot().postprocess(as_chat_sends).model_dump() == [_message(*case) for case in CASES]
+
+
+def test_gradios_chatbot_leaves_the_chats_messages_unchanged():
+    # The events that keep Gradio's postprocessing (stop, reopening a conversation) get the same messages.
+    built = [_message(*case) for case in CASES]
+    assert gr.Chatbot().postprocess(built).model_dump() == built
+
+
+def test_an_answers_updates_slow_down_only_when_the_answers_in_flight_would_exceed_the_budget():
+    from app.web.chat import UI_UPDATE_INTERVAL_S, update_interval_s
+
+    assert UI_UPDATE_INTERVAL_S == 0.1
+    assert [update_interval_s(n, 2000) for n in (0, 1, 200, 400, 1000)] == [0.1, 0.1, 0.1, 0.2, 0.5]
+    assert update_interval_s(64, 100) == 0.64  # a server told it affords a hundred updates a second
