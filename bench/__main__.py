@@ -98,6 +98,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g.add_argument("--deadline", type=float, default=0.0,
                    help="Unix time by which everything must be done: runs that would end later are skipped")
     g.add_argument("--label", default="", help="free text stored in the JSON")
+    g.add_argument("--skip", default="", metavar="PATH@RATE[#REPEAT],...",
+                   help="Poisson runs not to run, e.g. remote@50,remote@70#1 (every repeat unless #REPEAT names one): "
+                        "a schedule that fits a time-limited machine")
     g.add_argument("--profile", default="", metavar="PATH@RATE",
                    help="py-spy records the server (the started app, else this process) during the first run of "
                         "PATH at RATE req/s (its window) or PATH@cN (a burst of N users): profile-PATH-RATE.svg")

@@ -161,8 +161,8 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   WEB=6; CLIENTS=8
   R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
   R_GRADIO="--rate 50 --rate 70 --rate 90"
-  R_CHAT="--rate 50 --rate 70"; PROFILE_CHAT="chat@70"
-  CHAT_WINDOW="--window-s ${PD_CHAT_WINDOW_S:-25} --warmup-s ${PD_CHAT_WARMUP_S:-10} --drain-timeout-s 10"
+  R_CHAT="--rate 50 --rate 70"; PROFILE_CHAT="chat@70"; SKIP_CHAT="remote@50,remote@70#1"
+  CHAT_WINDOW="--window-s ${PD_CHAT_WINDOW_S:-60} --warmup-s ${PD_CHAT_WARMUP_S:-15} --drain-timeout-s 10"
   BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
   B13="--shape $GPU_DIR/shapes/baichuan2-13b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-13b"
   B7="--shape $GPU_DIR/shapes/baichuan2-7b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-7b"
@@ -186,7 +186,7 @@ else
   WEB=2; CLIENTS=2
   R_ONE="--rate 2 --rate 3"; R_IN="--rate 2"; R_CLUSTER="--rate 3"; R_POLICY="--rate 3"
   R_GRADIO="--rate 2 --rate 3"
-  R_CHAT="--rate 2 --rate 3"; PROFILE_CHAT="chat@3"
+  R_CHAT="--rate 2 --rate 3"; PROFILE_CHAT="chat@3"; SKIP_CHAT="remote@2,remote@3#1"
   CHAT_WINDOW="--window-s 4 --warmup-s 2 --drain-timeout-s 10"
   BURST_CLUSTER="--concurrency 8"; BURST_POLICY="--concurrency 8"
   B13="--shape baichuan2-tiny-13b"; B7="--shape baichuan2-tiny-7b"  # the tiny checkpoints; the CPU has no fp8
@@ -314,21 +314,21 @@ fp8)
 chat)
   # The chat page against /v1 on ONE H200, one server for both: the benchmark starts the embedded default python -m
   # app (--app-engine local: its own engine in-process, 13B shape with dummy weights, the app's GPU defaults (fp8 KV,
-  # cascade, max_num_seqs 1,024), PREFIXDESK_IGNORE_EOS so every answer is 128 tokens, per-client limits off) once,
-  # and measures its chat page (the browser's queue protocol: page load, then the question; bench.chatpage) and its
-  # /v1 (the remote path's client) from $CLIENTS client processes whose lag is reported, at 50 and 70 req/s, each
-  # twice: 50 chat, 50 /v1, 70 chat, 70 /v1, then again (each path its own draw of questions: the app's cache is
-  # never reset). py-spy records the web process through the first chat window at 70 (profile-chat-70.svg); the
-  # engine's running / waiting peaks come from the app's cache samples (1 s apart), its restarts from /healthz.
-  # Time: 2 rates x 2 paths x 2 repeats x (15-s warm-up + 60-s window) does not fit one call, so: one server start
-  # (~120 s to ready on a fresh H200: unpacking, imports, the engine, the templates and the sampler warmed), then
-  # eight runs of a 10-s warm-up (the batch fills in ~8 s at 70 req/s), a 25-s window (1,750 answers at 70) and a
-  # drain of at most 10 s (answers last ~2-8 s), ~48 s each with the client processes' start: ~510 s in all. The
-  # deadline skips what would not end in time (last first: 70 /v1 of repeat 2). PD_CHAT_WINDOW_S and
-  # PD_CHAT_WARMUP_S change the windows.
+  # cascade, max_num_seqs 1,024) and its sampling (temperature 0.7, top_p 0.9), PREFIXDESK_IGNORE_EOS so every
+  # answer is 128 tokens, per-client limits off) once, and measures its chat page (the browser's queue protocol:
+  # page load, then the question; bench.chatpage) and its /v1 (the remote path's client) from $CLIENTS client
+  # processes whose lag is reported, in 60-s windows after a 15-s warm-up. py-spy records the web process through
+  # the first chat window at 70 (profile-chat-70.svg); the engine's running / waiting peaks come from the app's
+  # cache samples (1 s apart), its restarts from /healthz.
+  # Time: one server start (~120 s to ready on a fresh H200: unpacking, imports, the engine, the templates and the
+  # sampler warmed), then runs of ~83 s (warm-up, window, drain, the client processes' start). Eight (both paths,
+  # both rates, twice) do not fit one call, so the chat runs at 50 and 70 twice each and /v1 once at 70, last
+  # (repeat 2: $SKIP_CHAT): ~540 s. The deadline skips what would not end in time (last first: that /v1 run).
+  # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S and PD_CHAT_SKIP change the windows and the schedule.
   # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
   start H -- --app-engine local --paths chat,remote --client-procs $CLIENTS $R_CHAT --repeats 2 $CHAT_WINDOW \
-    --profile $PROFILE_CHAT --label "chat page vs /v1, one embedded app"
+    --set temperature=0.7 --set top_p=0.9 --skip "${PD_CHAT_SKIP:-$SKIP_CHAT}" --profile $PROFILE_CHAT \
+    --label "chat page vs /v1, one embedded app"
   ;;
 gradio)
   # The chat's /chat (Gradio's queue, streamed) through gradio_client from $CLIENTS client processes of 64 threads

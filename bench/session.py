@@ -71,6 +71,16 @@ async def run_session(args) -> int:
         await session.close()
 
 
+
+def skipped_by(skip: str, path: str, rate: float, repeat: int) -> bool:
+    """Whether ``--skip`` (PATH@RATE[#REPEAT],...) names this Poisson run."""
+    for item in filter(None, (x.strip() for x in skip.split(","))):
+        named, _, rest = item.partition("@")
+        rate_text, _, repeat_text = rest.partition("#")
+        if named == path and float(rate_text) == rate and (not repeat_text or int(repeat_text) == repeat):
+            return True
+    return False
+
 class Session:
     def __init__(self, args):
         self.args = args
@@ -423,6 +433,9 @@ class Session:
         if (target.path in ("gradio", "chat") or self.args.app_engine == "local") and mode != "static":
             return  # the chat has no cache_salt, and the started app's cache is its own: static mode only
         label = f"{target.path} {mode} {schedule.label} {policy} #{repeat}".replace("  ", " ")
+        if schedule.rate_per_s is not None and skipped_by(a.skip, target.path, schedule.rate_per_s, repeat):
+            print(f"bench: skipped {label}: --skip", flush=True)
+            return
         # What a run usually takes (its window, the answers still running after it, starting clients): a
         # run that would end after --deadline is skipped, so the benchmark reports before its time is up.
         estimate = schedule.warmup_s + schedule.window_s + 8 if schedule.arrivals_s is not None else 30

@@ -323,11 +323,13 @@ def as_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _message(role: str, text: str, title: str | None = None) -> dict:
+def _message(role: str, text: str, title: str | None = None, *, markup: bool = False) -> dict:
     """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
-    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text."""
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text; only
+    the server's own ``markup`` (a caption's first-glyph span) keeps its HTML."""
+    text = inspect.cleandoc(text)
     return {"role": role, "metadata": {"title": title, "status": "done"} if title else None,
-            "content": [{"text": as_text(inspect.cleandoc(text)), "type": "text"}], "options": None}
+            "content": [{"text": text if markup else as_text(text), "type": "text"}], "options": None}
 
 
 def _notice(text: str, t: dict) -> dict:
@@ -337,10 +339,10 @@ def _notice(text: str, t: dict) -> dict:
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [_message("assistant", m.text)] if m.text else []
     if m.status == "ok":
-        out.append(_message("assistant", caption_details(m, language), caption_title(m, language)))
+        out.append(_message("assistant", caption_details(m, language), caption_title(m, language), markup=True))
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                            t["stopped"]))
+                            t["stopped"], markup=True))
     else:
         out.append(_notice(m.error or "", t))
     return out

@@ -345,3 +345,13 @@ def test_cli_runs_a_tiny_configuration_and_writes_json(tmp_path, settings, servi
     assert [g["schedule"] for g in body["groups"]] == ["closed 2 users"] * 6
     assert body["config"]["output_len"] == 4 and body["skipped"] == []
     assert (out / "runs.jsonl").read_text(encoding="utf-8").count("\n") == 6
+
+
+def test_skip_names_runs_by_path_rate_and_repeat():
+    from bench.session import skipped_by
+
+    skip = "remote@50,remote@70#1"
+    assert [skipped_by(skip, path, rate, repeat) for path, rate, repeat in (
+        ("remote", 50, 1), ("remote", 50, 2), ("remote", 70, 1), ("remote", 70, 2), ("chat", 50, 1), ("chat", 70, 1))
+    ] == [True, True, True, False, False, False]
+    assert skipped_by("", "chat", 70, 1) is False
