@@ -15,6 +15,10 @@ chromium does (watched with Playwright's ``page.on("request")``):
 3. the events the page chains after it (``.then``: the sidebar's refresh), as the browser triggers
    them once the answer completed: queued ones as above, the others as ``POST /gradio_api/run/predict``.
 
+Each customer is a browser of its own: the server's browser cookie (``pd_browser``, which it binds
+the session hash to: app/web/sessions.py) is taken from the customer's first answer and sent with
+every later request of that customer, and never shared with another (no cookie jar).
+
 Times count from the customer's scheduled arrival (the page load included); the first content is
 the first update in which the answer (the assistant text after the question, captions excluded)
 is not empty, the end is ``process_completed``. The caption's stored stats (cached / prompt
@@ -46,6 +50,7 @@ CONFIG_PATH = "config"
 JOIN_PATH = "gradio_api/queue/join"
 DATA_PATH = "gradio_api/queue/data"
 PREDICT_PATH = "gradio_api/run/predict"  # events that skip the queue
+BROWSER_COOKIE = "pd_browser"  # the cookie app/web/sessions.py binds a session hash to
 MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
@@ -181,6 +186,22 @@ def _text(content) -> str:
     return ""
 
 
+class Customer:
+    """One simulated browser: its session hash and the cookie the server gave it (sent back from then on)."""
+
+    def __init__(self, session_hash: str):
+        self.session_hash = session_hash
+        self.cookie: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        return {"Cookie": f"{BROWSER_COOKIE}={self.cookie}"} if self.cookie else {}
+
+    def keep_cookie(self, response) -> None:
+        given = response.cookies.get(BROWSER_COOKIE)
+        if given is not None and given.value:
+            self.cookie = given.value
+
+
 class ChatPageTarget:
     """The chat page's send event, one fresh browser session per request (see the module docstring)."""
 
@@ -195,8 +216,9 @@ class ChatPageTarget:
 
         # No connection cap: at saturation thousands of customers hold a stream each.
         connector = aiohttp.TCPConnector(limit=0, ttl_dns_cache=None, keepalive_timeout=600)
-        self.session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None,
-                                                                                               sock_read=600))
+        # No cookie jar: each customer keeps its own browser cookie (Customer), as separate browsers do.
+        self.session = aiohttp.ClientSession(connector=connector, cookie_jar=aiohttp.DummyCookieJar(),
+                                             timeout=aiohttp.ClientTimeout(total=None, sock_read=600))
         async with self.session.get(self.base_url + CONFIG_PATH) as r:
             if r.status != 200:
                 raise ChatPageError(f"GET /config: HTTP {r.status}")
@@ -211,13 +233,17 @@ class ChatPageTarget:
         sends none), and the output token count is unknown to the page: 0, with the updates counted."""
         page = self.page
         session_hash = uuid.uuid4().hex[:11]  # as the browser's: 11 characters
+        customer = Customer(session_hash)
         timer.sent()
-        loaded, _ = await self._event(page.load, send_inputs(page.load, question="", template="", session_key=""),
-                                   session_hash)
+        load_inputs = send_inputs(page.load, question="", template="", session_key="")
+        if page.load.queued:
+            loaded, _ = await self._event(page.load, load_inputs, customer)
+        else:
+            loaded = await self._predict(page.load, load_inputs, customer)
         outcome = Outcome(0, load_ms=(time.perf_counter() - timer.scheduled) * 1000)
         session_key = loaded[page.session_index]
         data = send_inputs(page.send, question=req.question, template=req.template, session_key=session_key)
-        final, streamed = await self._event(page.send, data, session_hash, timer=timer, outcome=outcome)
+        final, streamed = await self._event(page.send, data, customer, timer=timer, outcome=outcome)
         messages = final[page.chatbot_index] or []
         stats = caption_stats(messages)
         if stats is None:
@@ -233,32 +259,36 @@ class ChatPageTarget:
         for event in page.after_send:  # after the answer's end: load on the server, not part of its timing
             data = send_inputs(event, question=req.question, template=req.template, session_key=session_key)
             if event.queued:
-                await self._event(event, data, session_hash)
+                await self._event(event, data, customer)
             else:
-                await self._predict(event, data, session_hash)
+                await self._predict(event, data, customer)
         return outcome
 
-    async def _predict(self, event: PageEvent, data: list, session_hash: str) -> list:
+    async def _predict(self, event: PageEvent, data: list, customer: Customer) -> list:
         """A non-queued event, as the browser calls it: one POST, its outputs in the answer."""
         body = {"data": data, "event_data": None, "fn_index": event.fn_index, "trigger_id": event.trigger_id,
-                "session_hash": session_hash}
-        async with self.session.post(self.base_url + PREDICT_PATH, json=body) as r:
+                "session_hash": customer.session_hash}
+        async with self.session.post(self.base_url + PREDICT_PATH, json=body, headers=customer.headers()) as r:
+            customer.keep_cookie(r)
             if r.status != 200:
                 raise ChatPageError(f"run/predict: HTTP {r.status}: {(await r.text())[:200]}")
             return (await r.json(loads=_loads))["data"]
 
-    async def _event(self, event: PageEvent, data: list, session_hash: str, *, timer: Timer | None = None,
+    async def _event(self, event: PageEvent, data: list, customer: Customer, *, timer: Timer | None = None,
                      outcome: Outcome | None = None) -> tuple[list, list | None]:
         """Join ``event`` and read its stream to the end; returns its final output values and the chatbot value
         its updates built. With ``timer``, marks the first answer text and every update that adds to it."""
         body = {"data": data, "event_data": None, "fn_index": event.fn_index, "trigger_id": event.trigger_id,
-                "session_hash": session_hash}
-        async with self.session.post(self.base_url + JOIN_PATH, json=body) as r:
+                "session_hash": customer.session_hash}
+        async with self.session.post(self.base_url + JOIN_PATH, json=body, headers=customer.headers()) as r:
+            customer.keep_cookie(r)
             if r.status != 200:
                 raise ChatPageError(f"queue/join: HTTP {r.status}: {(await r.text())[:200]}")
         chatbot = self.page.chatbot_index if timer is not None else None
         value, shown, final = None, 0, None
-        async with self.session.get(self.base_url + DATA_PATH, params={"session_hash": session_hash}) as r:
+        async with self.session.get(self.base_url + DATA_PATH, params={"session_hash": customer.session_hash},
+                                    headers=customer.headers()) as r:
+            customer.keep_cookie(r)
             if r.status != 200:
                 raise ChatPageError(f"queue/data: HTTP {r.status}")
             async for line in r.content:

@@ -323,7 +323,8 @@ chat)
   # Time: one server start (~120 s to ready on a fresh H200: unpacking, imports, the engine, the templates and the
   # sampler warmed), then runs of ~83 s (warm-up, window, drain, the client processes' start). Eight (both paths,
   # both rates, twice) do not fit one call, so the chat runs at 50 and 70 twice each and /v1 once at 70, last
-  # (repeat 2: $SKIP_CHAT): ~540 s. The deadline skips what would not end in time (last first: that /v1 run).
+  # (repeat 2: $SKIP_CHAT): ~540 s. The deadline skips what would not end in time (last first: that /v1 run);
+  # PD_CHAT_SKIP=remote@50,remote@70 runs the chat alone (~470 s).
   # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S and PD_CHAT_SKIP change the windows and the schedule.
   # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
   start H -- --app-engine local --paths chat,remote --client-procs $CLIENTS $R_CHAT --repeats 2 $CHAT_WINDOW \
