@@ -120,7 +120,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
             yield refused([], t["expired"], None, keys.mint_browser(), message)
             return
-        events = desk.answer(session_key=key, client=caller.address, template_name=template, message=admitted,
+        events = desk.answer(session_key=key, client=caller.address,
+                             template_name=template if isinstance(template, str) else "", message=admitted,
                              conversation_id=conversation_id, tenant=caller.tenant)
         base = shown + [_message("user", admitted.text)]
         async for update in on_screen(shown, base, conversation_id, key, events, restore=message):
@@ -170,6 +171,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     async def open_conversation(conversation_id: int | None, session_key: str):
         session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
+        if type(conversation_id) is not int or not 0 < conversation_id < 2**63:
+            conversation_id = None  # the list's value, as the page sends it: only an id of this browser's opens
         rows = None if conversation_id is None or session_key is None else await desk.conversation(
             session_key=session_key, conversation_id=conversation_id)
         if rows is None:
@@ -221,10 +224,14 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
             retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
 
-        private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
+        # Every event takes its inputs as the page sends them and returns outputs in the page's own format: Gradio's
+        # pre- and postprocessing run each input and output on a thread of the process's 40 (the GPU profile: a
+        # page load waited 6 s for one), and the handlers check every value themselves.
+        private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None,
+                   "preprocess": False, "postprocess": False}
         # The streaming events: their messages are already in the chatbot's format (module docstring). The page
         # empties the message box itself as a question leaves, so the box is none of their outputs.
-        streaming = {**private, "postprocess": False}
+        streaming = private
         screen = [chatbot, shown, conversation_id, session_key, returned]
         asked = [box, template, conversation_id, session_key, shown]
         submit = box.submit(send, asked, screen, js=CLEAR_BOX_JS, **streaming)

@@ -199,7 +199,13 @@ def _queue(blocks: gr.Blocks, max_size: int, at_once: int, *, progress_poll_s: f
     console's one progress bar (publishing) needs no more than a few updates a second."""
     blocks.max_threads = max(at_once, 40)
     blocks.queue(default_concurrency_limit=None, max_size=max_size)
-    blocks._queue.progress_update_sleep_when_free = progress_poll_s
+    queue = blocks._queue
+    queue.progress_update_sleep_when_free = progress_poll_s
+    # After every event the queue summarizes the last 10,000 events' analytics with pandas, on a thread of the
+    # process's 40 (9 ms of GIL each on this CPU; the GPU profile's pandas frames): for its monitoring page,
+    # which the app does not serve. Keep one event's record and never summarize.
+    queue.ANALYTICS_MAX_EVENTS = 1
+    queue.ANAYLTICS_CACHE_FREQUENCY = 2**62  # sic: Gradio's spelling
 
 
 def create_api_app(services: Services) -> FastAPI:

@@ -1,9 +1,10 @@
-"""The chat's streaming events skip Gradio's postprocessing and send messages they built themselves:
-those must be exactly what Gradio's Chatbot would have made of them, or the page would show something else."""
+"""The chat's events skip Gradio's postprocessing and send messages they built themselves: those must be
+exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text), or
+the page would show something else."""
 
 import gradio as gr
 
-from app.web.chat import _message
+from app.web.chat import _message, as_text
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -16,13 +17,13 @@ CASES = [
 
 
 def test_each_message_is_what_gradios_chatbot_makes_of_it():
-    as_chat_sends = [{"role": role, "content": text, **({"metadata": {"title": title, "status": "done"}} if title
+    as_chat_sends = [{"role": role, "content": as_text(text), **({"metadata": {"title": title, "status": "done"}} if title
                                                         else {})} for role, text, title in CASES]
     assert gr.Chatbot().postprocess(as_chat_sends).model_dump() == [_message(*case) for case in CASES]
 
 
 def test_gradios_chatbot_leaves_the_chats_messages_unchanged():
-    # The events that keep Gradio's postprocessing (stop, reopening a conversation) get the same messages.
+    # Postprocessing what the chat built changes nothing (a message is never escaped twice).
     built = [_message(*case) for case in CASES]
     assert gr.Chatbot().postprocess(built).model_dump() == built
 
