@@ -118,6 +118,7 @@ class RunSummary:
     stream_bytes_mean: float | None = None  # SSE bytes per answer
     load_p50_ms: float | None = None  # the page load, arrival → its end
     engine_ttft_p50_ms: float | None = None  # the engine's first token, from the answers' captions
+    web_cpu_ms_per_answer: float | None = None  # the started app's web process: CPU over the run per answer
 
     @property
     def key(self) -> tuple[str, str, str, str]:
@@ -311,7 +312,7 @@ def app_table(summaries: Sequence[RunSummary]) -> str:
         return ""
     lines = [f"{'path':<8}{'schedule':<18}{'run':>4}{'req/s':>8}{'TTFT p50':>9}{'p99':>8}{'e2e p50':>8}{'p99':>8}"
              f"{'lag p99':>8}{'loop p99':>9}{'running':>8}{'waiting':>8}{'restarts':>9}{'load p50':>9}{'updates':>8}"
-             f"{'KiB/ans':>8}"]
+             f"{'KiB/ans':>8}{'web CPU ms/ans':>15}"]
 
     def num(v, fmt: str) -> str:
         return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, fmt)
@@ -321,7 +322,8 @@ def app_table(summaries: Sequence[RunSummary]) -> str:
                      f"{num(s.ttft_p99_ms, '.0f'):>8}{num(s.e2e_p50_ms, '.0f'):>8}{num(s.e2e_p99_ms, '.0f'):>8}"
                      f"{s.client_lag_p99_ms:>8.1f}{s.client_loop_lag_p99_ms:>9.1f}{s.running_peak:>8}{s.waiting_peak:>8}"
                      f"{num(s.engine_restarts, 'd'):>9}{num(s.load_p50_ms, '.0f'):>9}{num(s.updates_mean, '.1f'):>8}"
-                     f"{num(s.stream_bytes_mean and s.stream_bytes_mean / 1024, '.1f'):>8}")
+                     f"{num(s.stream_bytes_mean and s.stream_bytes_mean / 1024, '.1f'):>8}"
+                     f"{num(s.web_cpu_ms_per_answer, '.1f'):>15}")
     return "\n".join(lines)
 
 

@@ -13,6 +13,7 @@ before ``--deadline`` is skipped (and listed), so a time-limited machine still r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import shutil
@@ -452,8 +453,14 @@ class Session:
             on_start = lambda t0: recording.begin(t0 + schedule.warmup_s if open_loop else t0,  # noqa: E731
                                                   schedule.window_s if open_loop else None)
         try:
+            web_cpu_s = self._web_cpu_s()
             summary = await bench.run(target, workload, schedule, policy=policy if self._via_router(target) else "",
                                       repeat=repeat, on_start=on_start)
+            if web_cpu_s is not None and (answers := summary.n_ok + summary.n_errors + summary.n_warmup):
+                # The web process's own CPU (its event loop and threads; the engine core is a process of its own)
+                # over the whole run, per answer the run got: what the path costs the server, whatever the rate.
+                summary = dataclasses.replace(summary, web_cpu_ms_per_answer=(self._web_cpu_s() - web_cpu_s)
+                                              * 1000 / answers)
         finally:
             if recording is not None and (svg := await recording.finish()):
                 self.extra.setdefault("profiles", {})[label] = str(svg)
@@ -461,6 +468,18 @@ class Session:
         with self.progress.open("a", encoding="utf-8") as f:  # a run cut short by a time limit keeps these
             f.write(json.dumps(report.clean(asdict(summary)), ensure_ascii=False) + "\n")
         print(report.table([summary]).splitlines()[-1], flush=True)
+
+    def _web_cpu_s(self) -> float | None:
+        """CPU seconds the started app's web process has used (None without one)."""
+        if self.app_process is None:
+            return None
+        import psutil
+
+        try:
+            t = psutil.Process(self.app_process.proc.pid).cpu_times()
+        except psutil.Error:
+            return None
+        return t.user + t.system
 
     def _recording(self, target: RunTarget, schedule: Schedule, repeat: int):
         """A py-spy recording of the server for this run, when --profile names it (its first repeat only)."""
