@@ -19,11 +19,14 @@ MULTIPART_OVERHEAD = 64 << 10
 CONSOLE = "/admin"
 GRADIO_API = "/gradio_api/"
 CHAT_JOIN = "/gradio_api/queue/join"
+CHAT_PREDICT = "/gradio_api/run/predict"
 # What the pages request (watched in chromium) and what gradio_client calls (gradio_client/utils.py):
 # an event is queued (join), streamed back (data), kept alive (heartbeat), stopped (cancel, reset);
-# the client reads the API's description (info); an event outside the queue (the chat's page load and the
-# sidebar after an answer) is one request (run/predict). The console also uploads and downloads template files.
-CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", "run/predict"})
+# the client reads the API's description (info); an event the app runs outside the queue (the chat's page load,
+# the sidebar after an answer) is one request (run/predict), for those events' fn_index alone: every other event
+# runs in the queue, which admits it. The console also uploads and downloads template files.
+PREDICT = "run/predict"
+CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", PREDICT})
 CHAT_ROUTE_PREFIXES = ("heartbeat/",)  # heartbeat/<session>
 CONSOLE_ROUTES = CHAT_ROUTES | {"upload", "upload_progress"}
 CONSOLE_ROUTE_PREFIXES = CHAT_ROUTE_PREFIXES + ("file=",)  # file=<path>
@@ -62,7 +65,7 @@ class RequestGuard:
         send = _with_security_headers(send)
         scope = without_deep_links(scope)
         if scope is None:
-            return await _reject(send, 404, "Not found.")
+            return await _reject(send, 404, "Not Found")  # as GradioRoutes answers every route it does not serve
         path = scope.get("path", "")
         if path.startswith(CHAT_UPLOAD):
             return await _reject(send, 403, "This chat accepts no uploads: send your question as text.")
@@ -98,10 +101,13 @@ class RequestGuard:
 
 
 class GradioRoutes:
-    """Only the Gradio routes the chat and the console use; 404 for the rest (see the module docstring)."""
+    """Only the Gradio routes the chat and the console use; 404 for the rest (see the module docstring).
+    ``unqueued``: per mount ("" the chat, "/admin" the console), the fn_index of each event that runs
+    outside the queue, the only ones run/predict may name."""
 
-    def __init__(self, app):
+    def __init__(self, app, *, unqueued: dict[str, frozenset[int]] | None = None):
         self.app = app
+        self.unqueued = unqueued or {}
         self._refused = RateLimitedLog(log)
 
     async def __call__(self, scope, receive, send):
@@ -118,11 +124,14 @@ class GradioRoutes:
                 return await self._not_found(scope, send)
         elif not console and local.startswith(CHAT_FILE_ROUTES):
             return await self._not_found(scope, send)
-        if path == CHAT_JOIN and scope.get("method") == "POST":
+        predict = local == CHAT_PREDICT
+        if (path == CHAT_JOIN or predict) and scope.get("method") == "POST":
             body = await _whole_body(receive)
             if body is None:
                 return
-            if await _names_a_file(body):
+            if predict and _fn_index(body) not in self.unqueued.get(CONSOLE if console else "", ()):
+                return await self._not_found(scope, send)
+            if not console and await _names_a_file(body):
                 return await _reject(send, 400, NO_FILES)
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -135,6 +144,17 @@ class GradioRoutes:
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(NOT_FOUND)).encode())]})
         await send({"type": "http.response.body", "body": NOT_FOUND})
+
+
+def _fn_index(body: bytes) -> int | None:
+    """The event a run/predict body names (its fn_index, an int), or None. These bodies are the page's small
+    ones (RequestGuard bounds every body): parsed here, on the loop."""
+    try:
+        value = json.loads(body)
+    except (ValueError, RecursionError):
+        return None
+    index = value.get("fn_index") if isinstance(value, dict) else None
+    return index if type(index) is int else None
 
 
 async def _whole_body(receive) -> bytes | None:

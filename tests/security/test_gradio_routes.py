@@ -66,3 +66,24 @@ def test_the_routes_the_pages_and_gradio_client_use_still_work(edge):
     assert final["done"] is True and final["prompt_tokens"] > 0
     assert httpx.get(edge.url + "gradio_api/info").status_code == 200
     assert httpx.get(edge.url + "config").status_code == 200
+
+
+def test_run_predict_runs_only_the_events_the_app_runs_outside_the_queue(edge):
+    browser = httpx.Client(timeout=30)
+    events = [d for d in browser.get(edge.url + "config").json()["dependencies"] if d["backend_fn"]]
+    outside = [d for d in events if d["queue"] is False]
+    queued = [d for d in events if d["queue"] is not False]
+    assert {t[1] for d in outside for t in d["targets"]} == {"load", "then"}  # the page load, the sidebar after
+    session = "predict0001"
+    load = next(d for d in outside if d["targets"][0][1] == "load")
+    r = browser.post(edge.url + "gradio_api/run/predict", json={
+        "data": [""], "fn_index": load["id"], "session_hash": session, "event_data": None, "trigger_id": None})
+    assert r.status_code == 200 and len(r.json()["data"]) == 3  # the session key, the topics, the conversations
+    for d in queued:  # the send event among them: it runs in the queue, which admits it, or not at all
+        r = browser.post(edge.url + "gradio_api/run/predict", json={
+            "data": [None] * len(d["inputs"]), "fn_index": d["id"], "session_hash": session, "event_data": None})
+        assert (d["id"], r.status_code, r.json()) == (d["id"], 404, {"detail": "Not Found"})
+    for fn_index in (None, "0", 10**6, [load["id"]]):
+        r = browser.post(edge.url + "gradio_api/run/predict", json={"data": [""], "fn_index": fn_index,
+                                                                    "session_hash": session})
+        assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})

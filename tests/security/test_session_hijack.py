@@ -78,7 +78,7 @@ def test_a_stranger_with_the_victims_session_hash_gets_nothing_of_it(server_url,
         ]
         assert tried == [(403, NOT_YOURS)] * 4
         deep_link = answer(client, "GET", server_url + "gradio_api/deep_link", params={"session_hash": session})
-        assert deep_link == (404, {"detail": "Not found."})
+        assert deep_link == (404, {"detail": "Not Found"})
     # ... and the victim's answer reaches the victim whole.
     final = output(stream(victim, server_url, session))
     assert final[0][-1]["metadata"]["title"].startswith("⚡") and final[3] == key
