@@ -77,7 +77,8 @@ def test_a_refused_message_leaves_the_conversation_as_it_was(server_url):
         refused = output(run(client, server_url, send, ["退" * 20_001, "电商客服", None, key, None], session))
         assert notices(refused[0]) == ["This message has 20,001 characters; the limit is 20,000. Please shorten it "
                                        "or split it into several messages."]
-        assert refused[1:] == [None, None, {"__type__": "update"}, {"__type__": "update"}, {"__type__": "update"}]
+        # The states stay on the server (None to the page), the conversation id and the key are as they were.
+        assert refused[1:] == [None, None, key, None]
         # The next question starts from the conversation as it was: empty, not the refused text.
         messages = run(client, server_url, send, [f"发票 {tag}", "电商客服", None, key, None], session)
         first = next(m for m in messages if m["msg"] == "process_generating")["output"]["data"][0]
