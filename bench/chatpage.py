@@ -30,6 +30,7 @@ answer's token count, so a chat sample counts the updates it received instead.
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import time
@@ -145,13 +146,14 @@ def apply_diff(value, diff: list):
 
 
 def answer_text(messages: list) -> str:
-    """The answer in a chatbot value: the assistant text after the last question, captions excluded."""
+    """The answer in a chatbot value as the page shows it: the assistant text after the last question, captions
+    excluded, its HTML entities read as the browser reads them (the chat sends every message escaped)."""
     last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
     parts = []
     for m in messages[last_user + 1:]:
         if m.get("role") == "assistant" and not (m.get("metadata") or {}).get("title"):
             parts.append(_text(m.get("content")))
-    return "".join(parts)
+    return html.unescape("".join(parts))
 
 
 def caption_stats(messages: list) -> tuple[int, int, int] | None:
