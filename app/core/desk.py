@@ -193,7 +193,7 @@ class Desk:
         # A new conversation's arm of a live split is drawn from its id, in the transaction that creates it.
         arm = partial(split_version, template) if conversation_id is None and template.candidate_version_id else None
         try:
-            turn = await self.db.write(
+            turn = await self._begin(
                 db_conversations.begin_turn, session_key=session_key, conversation_id=conversation_id,
                 template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant,
                 arm=arm)
@@ -218,7 +218,7 @@ class Desk:
         state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
         template = await self._on_version(template, state.template_version_id if state else None)
         try:
-            turn = await self.db.write(db_conversations.begin_retry, session_key=session_key,
+            turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
                                        conversation_id=conversation_id, template_version_id=template.version_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
@@ -311,6 +311,19 @@ class Desk:
         if version_id is None or version_id == template.version_id:
             return template
         return await self.catalog.version(template, version_id)
+
+    async def _begin(self, fn, **kwargs) -> TurnIds:
+        """The turn's rows (``fn`` is begin_turn or begin_retry), written to the end even when a Stop cancels
+        the wait for them: the answer row of a question that was stored is then finished as stopped, never
+        left "generating"."""
+        write = asyncio.ensure_future(self.db.write(fn, **kwargs))
+        try:
+            return await asyncio.shield(write)
+        except asyncio.CancelledError:
+            await asyncio.wait({write})
+            if not write.cancelled() and write.exception() is None and write.result().answer_id is not None:
+                await self._finish(write.result().answer_id, AnswerResult(text="", status="stopped", error=STOPPED))
+            raise
 
     def _check_rate(self, client: str) -> None:
         try:

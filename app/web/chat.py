@@ -22,9 +22,12 @@ after the answer, by a short event of its own (which also hands a refused messag
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import html
 import inspect
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +37,13 @@ from app.core.callers import ProxyTrust, TenantRefused
 from app.core.desk import MAX_MESSAGE_CHARS, Desk, DeskInputError, Finished, Progress
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
-from app.db.rows import MessageRow
+from app.db.models import utcnow
+from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
 from app.web.chat_text import TEXT, caption_details, caption_title
 
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
+STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 # Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
@@ -51,6 +56,7 @@ CLEAR_BOX_JS = """(...inputs) => {
   return inputs;
 }"""
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
 # The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
@@ -84,6 +90,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
         return shown + [_notice(text, t)], shown, conversation_id, session_key, back
 
+    @_calm(3)
     async def on_load(session_key: str):
         key = keys.browser(session_key)
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
@@ -101,6 +108,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 yield update
         except DeskInputError as exc:
             yield refused(shown, str(exc), conversation_id, session_key, restore)
+        except Exception:  # never Gradio's red "Error" over the chat: the stored conversation stays as it was
+            log.exception("the chat's answer failed")
+            yield refused(shown, t["internal"], conversation_id, session_key, restore)
         finally:
             await events.aclose()
 
@@ -145,6 +155,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         async for update in on_screen(shown, base, conversation_id, key, events):
             yield update
 
+    @_calm(3)
     async def after_answer(session_key: str, returned: str):
         """The sidebar's list once an answer is stored, and a refused message back in the box."""
         key = keys.browser(session_key)
@@ -154,20 +165,31 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return choices, gr.skip(), gr.skip()
         return choices, returned, ""
 
+    @_calm(4)
     async def after_stop(conversation_id: int | None, session_key: str, shown: list):
-        # The cancelled answer stores itself as stopped; show the stored conversation once it has.
-        session_key = keys.browser(session_key)
-        if conversation_id is None or session_key is None:
-            return gr.skip(), gr.skip()
-        deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
+        """The stored conversation once the cancelled answer has stored itself as stopped, and the sidebar's
+        list with it. A Stop that landed before the answer's first text finds the conversation it started
+        (the page did not learn its id yet): the browser's newest, if it began a moment ago."""
+        key = keys.browser(session_key)
+        if key is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        if conversation_id is None:
+            newest = listed[0] if listed else None
+            if newest is None or newest.num_messages > 2 or utcnow() - newest.created_at > STARTED_JUST_NOW:
+                return gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
+            conversation_id = newest.id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_SETTLE_S
         while True:
-            rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
-            if all(m.status != "generating" for m in rows) or asyncio.get_running_loop().time() > deadline:
+            rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
+            if all(m.status != "generating" for m in rows) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.1)
         messages = _history_messages(rows, t, language)
-        return messages, messages
+        return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 
+    @_calm(4)
     async def open_conversation(conversation_id: int | None, session_key: str):
         session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
         rows = None if conversation_id is None or session_key is None else await desk.conversation(
@@ -236,7 +258,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
         stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
-        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
+        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown, conversation_id, conversations],
+                       **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
         demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
@@ -250,14 +273,33 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     return demo
 
 
+def _calm(num_outputs: int):
+    """A short handler that never shows Gradio's error: on an unexpected exception it logs it and leaves its
+    ``num_outputs`` outputs as they are."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def run(*args, **kwargs):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception:
+                log.exception("chat handler %s failed", fn.__name__)
+                return tuple(gr.skip() for _ in range(num_outputs))
+        return run
+    return wrap
+
+
 class _Ahead:
     """The desk's events with the first one already on its way: while Gradio sends the question to the
     page, the desk stores it and the engine starts answering (both off the path to the first glyph).
-    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile)."""
+    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile), and waits for
+    the first event's task to end before it closes the desk's generator: a Stop that lands while the first
+    event is still coming cancels that task too, and closing a generator that task still runs would raise
+    ("asynchronous generator is already running") in place of the quiet stop."""
 
     def __init__(self, events: AsyncIterator[Progress | Finished]):
         self._events = events
         self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
+        self._pending: asyncio.Future | None = self._first
 
     def __aiter__(self):
         return self
@@ -269,11 +311,12 @@ class _Ahead:
         return await first
 
     async def aclose(self) -> None:
-        if self._first is not None:
-            self._first.cancel()
-            await asyncio.wait({self._first})  # the desk stores the answer as stopped
-            if not self._first.cancelled():
-                self._first.exception()  # retrieved: a refusal nobody will read is not an error
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})  # the desk stores the answer as stopped
+        if pending is not None and not pending.cancelled():
+            pending.exception()  # retrieved: a refusal nobody will read is not an error
         await self._events.aclose()
 
 
@@ -356,10 +399,14 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     return out
 
 
-async def _conversation_choices(desk: Desk, session_key: str, t: dict):
-    rows = await desk.list_conversations(session_key=session_key)
+async def _conversation_choices(desk: Desk, session_key: str, t: dict, current: int | None = None):
+    return _choices(await desk.list_conversations(session_key=session_key), t, current)
+
+
+def _choices(rows: list[ConversationRow], t: dict, current: int | None = None):
     choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
-    return gr.update(choices=choices, value=None, label=t["history"] if choices else t["no_conversations"])
+    value = current if any(c.id == current for c in rows) else None
+    return gr.update(choices=choices, value=value, label=t["history"] if choices else t["no_conversations"])
 
 
 def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
