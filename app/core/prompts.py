@@ -22,23 +22,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.refusals import Refused
+
 PARENT_SEPARATOR = "\n\n"
 MIN_ANSWER_TOKENS = 16
 
 
-class PromptError(ValueError):
-    """The prompt cannot be built; the message says what the user or operator should do."""
+class PromptError(Refused, ValueError):
+    """The prompt cannot be built (``code``: app/core/refusals.py); the message says what the user or operator
+    should do."""
+
+    def __init__(self, code: str, **params):
+        super().__init__(self._refuse(code, params))
 
 
 class PromptTooLong(PromptError):
-    def __init__(self, message: str, *, num_tokens: int, limit: int):
-        super().__init__(message)
+    def __init__(self, code: str, *, num_tokens: int, limit: int):
+        super().__init__(code, num_tokens=num_tokens, limit=limit, over=num_tokens - limit)
         self.num_tokens = num_tokens
         self.limit = limit
 
 
 class PrefixUnstable(PromptError):
     """The model's chat template puts something variable before or inside the system prompt."""
+
+    def __init__(self) -> None:
+        super().__init__("prefix_unstable")
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,7 @@ class PromptBuilder:
         for probe in ("a", "b"):
             full = self._render([{"role": "system", "content": system}, {"role": "user", "content": probe}])
             if not full.startswith(segment):
-                raise PrefixUnstable(
-                    "the model's chat template renders the system prompt differently from request to "
-                    "request, so it can never be cached; use a chat template without dates or defaults"
-                )
+                raise PrefixUnstable()
         return tuple(self._encode(segment))
 
     def content_ids(self, text: str) -> list[int]:
@@ -175,19 +181,10 @@ class PromptBuilder:
         return ids_from(start), _exchanges(turns[:start])
 
     def _too_long_message(self, num_tokens: int) -> None:
-        over = num_tokens - self._limit
-        raise PromptTooLong(
-            f"This message is too long: with the system prompt it needs {num_tokens:,} tokens, "
-            f"{over:,} more than the {self._limit:,} this model allows. Please shorten it.",
-            num_tokens=num_tokens, limit=self._limit,
-        )
+        raise PromptTooLong("message_too_long", num_tokens=num_tokens, limit=self._limit)
 
     def _too_long_conversation(self, num_tokens: int) -> None:
-        raise PromptTooLong(
-            f"This conversation is too long for the model ({num_tokens:,} tokens, limit {self._limit:,}). "
-            "Please start a new conversation.",
-            num_tokens=num_tokens, limit=self._limit,
-        )
+        raise PromptTooLong("conversation_too_long", num_tokens=num_tokens, limit=self._limit)
 
     # -- rendering ---------------------------------------------------------------------------
 

@@ -34,13 +34,15 @@ from typing import Any
 import gradio as gr
 
 from app.core.callers import ProxyTrust, TenantRefused
-from app.core.desk import MAX_MESSAGE_CHARS, Desk, DeskInputError, Finished, Progress
+from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, WITH_PERSON, Desk, DeskInputError, Finished,
+                           Progress)
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
 from app.db.models import utcnow
 from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
-from app.web.chat_text import TEXT, caption_details, caption_title
+from app.core.refusals import Refused
+from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
 
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
 STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
@@ -84,9 +86,16 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 [tpl.name for tpl in desk.catalog.customer_facing()]
         return gr.update(choices=names, value=names[0] if names else None)
 
+    def say(exc: Exception) -> str:
+        """A refusal in the customer's words (a caller the proxy settings refuse: the general apology)."""
+        if isinstance(exc, Refused):
+            return refusal_text(exc.code, exc.params, language)
+        return t["internal"]
+
     def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "") -> tuple:
-        """The screen after a refusal: the conversation as it was with the notice, the shown state as it was,
-        and ``message`` to hand back to the box (one the box could hold; anything larger is nobody's typing)."""
+        """The screen after a refusal: the conversation as it was with the notice (which so replaces an earlier
+        notice, never stacks on it), the shown state as it was, and ``message`` to hand back to the box (one the
+        box could hold; anything larger is nobody's typing)."""
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
         return shown + [_notice(text, t)], shown, conversation_id, session_key, back
 
@@ -107,7 +116,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
-            yield refused(shown, str(exc), conversation_id, session_key, restore)
+            yield refused(shown, say(exc), conversation_id, session_key, restore)
         except Exception:  # never Gradio's red "Error" over the chat: the stored conversation stays as it was
             log.exception("the chat's answer failed")
             yield refused(shown, t["internal"], conversation_id, session_key, restore)
@@ -124,7 +133,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             caller = caller_of(request)
             admitted = desk.admit(client=caller.address, message=message)
         except (TenantRefused, DeskInputError) as exc:
-            yield refused(shown, str(exc), conversation_id, session_key, message)
+            yield refused(shown, say(exc), conversation_id, session_key, message)
             return
         key = keys.browser(session_key)
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
@@ -145,7 +154,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         try:
             caller = caller_of(request)
         except TenantRefused as exc:
-            yield refused(shown, str(exc), conversation_id, session_key)
+            yield refused(shown, say(exc), conversation_id, session_key)
             return
         rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
@@ -190,6 +199,22 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 
     @_calm(4)
+    @_calm(2)
+    async def report_first_visible(report: Any, conversation_id: int | None, session_key: str, shown: list):
+        """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
+        caption's title says it. Anything but a whole number of milliseconds in range is ignored."""
+        key = keys.browser(session_key)
+        ms = _first_visible_ms(report)
+        if key is None or ms is None or type(conversation_id) is not int:
+            return gr.skip(), gr.skip()
+        row = await desk.first_visible(session_key=key, conversation_id=conversation_id, ms=ms)
+        shown = list(shown or [])
+        last = next((i for i in range(len(shown) - 1, -1, -1) if (shown[i].get("metadata") or {}).get("title")), None)
+        if row is None or last is None:
+            return gr.skip(), gr.skip()
+        shown[last:] = _answer_messages(row, t, language)[-1:] + shown[last + 1:]
+        return shown, shown
+
     async def open_conversation(conversation_id: int | None, session_key: str):
         session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
         rows = None if conversation_id is None or session_key is None else await desk.conversation(
@@ -205,7 +230,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                        request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
-            args = _api_args(message, history, template, conversation_id, tenant, t)
+            args = _api_args(message, history, template, conversation_id, tenant)
             caller = caller_of(request)
             async for event in desk.answer(session_key=keys.api(request.session_hash), client=caller.address,
                                            template_name=args[2], message=args[0], history=args[1],
@@ -214,7 +239,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                     yield {"text": event.text, "done": False, "conversation_id": event.conversation_id}
                 else:
                     yield _api_final(event, language)
-        except (DeskInputError, TenantRefused) as exc:
+        except (DeskInputError, TenantRefused, ApiArgumentError) as exc:
             yield {"text": "", "done": True, "status": "rejected", "error": str(exc)}
 
     with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
@@ -231,6 +256,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             if info.is_demo_model:
                 gr.Markdown(t["demo"], elem_id="demo-notice")
         returned = gr.State("")  # a refused message, handed back to the box by after_answer
+        # Where the page's script reports when an answer's first text reached the screen (hidden by chat.css).
+        with gr.Row(elem_id="pd-glyph-report"):
+            first_visible = gr.Textbox("", show_label=False, container=False, max_length=8, lines=1,
+                                       interactive=True)
+            first_visible_btn = gr.Button("", elem_id="pd-glyph-send")
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
         chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
@@ -260,6 +290,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
         stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown, conversation_id, conversations],
                        **private)
+        first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
+                            [chatbot, shown], queue=False, **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
         demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
@@ -357,7 +389,11 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
             # and last the question as the desk stores it; a new conversation is the question alone) and the
             # answer's stored row, as the customer may see it (event.customer: app/core/cache_figures.py).
             shown = base if asked_in == event.message.conversation_id else base[-1:]
-            messages = shown + _answer_messages(event.customer, t, language)
+            if event.message.status == WITH_PERSON:  # a person has the conversation: the question waits for them
+                answer = [_notice(t["waiting_person" if event.handoff == "waiting" else "with_person"], t)]
+            else:
+                answer = _answer_messages(event.customer, t, language)
+            messages = shown + answer
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 
 
@@ -374,7 +410,8 @@ def _message(role: str, text: str, title: str | None = None) -> dict:
 
 
 def _notice(text: str, t: dict) -> dict:
-    return _message("assistant", text, t["notice"])
+    """A notice is shown as it is, never folded under a title."""
+    return _message("assistant", t["notice"] + text)
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
@@ -384,8 +421,10 @@ def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
                             t["stopped"]))
+    elif m.status == WITH_PERSON:
+        out.append(_notice(t["with_person"], t))
     else:
-        out.append(_notice(m.error or "", t))
+        out.append(_notice(refusal_text(m.error_code, {}, language), t))
     return out
 
 
@@ -409,25 +448,38 @@ def _choices(rows: list[ConversationRow], t: dict, current: int | None = None):
     return gr.update(choices=choices, value=value, label=t["history"] if choices else t["no_conversations"])
 
 
-def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
-              t: dict) -> tuple[str, list[Turn] | None, str, int | None]:
-    """The /chat arguments, strictly typed; raises DeskInputError saying which one is wrong and how."""
+def _first_visible_ms(report: Any) -> int | None:
+    """The page's report: whole milliseconds as digits, 1 to MAX_FIRST_VISIBLE_MS; None for anything else."""
+    if not isinstance(report, str) or not report.isascii() or not report.isdigit() or len(report) > 6:
+        return None
+    ms = int(report)
+    return ms if 0 < ms <= MAX_FIRST_VISIBLE_MS else None
+
+
+class ApiArgumentError(ValueError):
+    """An argument of /chat that is not what it must be; the message (API_TEXT) says which and how."""
+
+
+def _api_args(message: Any, history: Any, template: Any, conversation_id: Any,
+              tenant: Any) -> tuple[str, list[Turn] | None, str, int | None]:
+    """The /chat arguments, strictly typed; raises ApiArgumentError saying which one is wrong and how."""
+    t = API_TEXT
     if not isinstance(message, str):
-        raise DeskInputError(t["api_message"])
+        raise ApiArgumentError(t["api_message"])
     if not isinstance(template, str) or not template:
-        raise DeskInputError(t["api_template"])
+        raise ApiArgumentError(t["api_template"])
     if conversation_id is not None and (type(conversation_id) is not int or not 0 < conversation_id < 2**63):
-        raise DeskInputError(t["api_conversation"])
+        raise ApiArgumentError(t["api_conversation"])
     if tenant not in (None, ""):
-        raise DeskInputError(t["api_tenant"])
+        raise ApiArgumentError(t["api_tenant"])
     if history in (None, []):
         return message, [] if history == [] else None, template, conversation_id
     if not isinstance(history, list):
-        raise DeskInputError(t["api_history"])
+        raise ApiArgumentError(t["api_history"])
     turns = []
     for m in history:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
-            raise DeskInputError(t["api_history"])
+            raise ApiArgumentError(t["api_history"])
         if not (m.get("metadata") or {}).get("title"):  # captions and notices are not context
             turns.append(Turn(m["role"], m["content"]))
     return message, turns, template, conversation_id

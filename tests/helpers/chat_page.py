@@ -112,7 +112,11 @@ def conversation(db, question: str) -> list[dict]:
 def wait_for_status(db, question: str, index: int, timeout: float = 30) -> dict:
     """The answer row ``index`` of ``question``'s conversation once it is no longer generating."""
     def answered() -> dict | None:
-        answers = [r for r in conversation(db, question) if r["role"] == "assistant"]
+        try:
+            rows = conversation(db, question)
+        except ValueError:  # not stored yet
+            return None
+        answers = [r for r in rows if r["role"] == "assistant"]
         return answers[index] if len(answers) > index and answers[index]["status"] != "generating" else None
 
     return wait_until(answered, timeout, f"answer {index} of {question!r} to stop generating")

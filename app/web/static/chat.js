@@ -1,28 +1,45 @@
 () => {
-  // Browser first glyph: from Enter (or the send button) to the first glyph of the *new* answer on screen.
-  // Each answer is one bot group in the chatbot; the question's answer is the group at the index the
-  // chat had groups when it was sent (the previous answers come before it). The time is taken after
-  // the next frame is painted (requestAnimationFrame runs before the paint, the task after it runs
-  // after), and the caption's details show it for that answer. On a phone the sidebar starts closed.
-  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}};
+  // Browser first glyph: from Enter (or the send button, or Retry) to the first glyph of the *new* answer on
+  // screen. Each answer is one bot group in the chatbot; the question's answer is the group at the index the
+  // chat had groups when it was sent (Retry: the last group, once the old answer, captioned, has gone). The
+  // time is taken after the next frame is painted (requestAnimationFrame runs before the paint, the task after
+  // it runs after). Once the answer's caption is drawn, the time goes to the server through the page's private
+  // report box (#pd-glyph-report), which stores it with the answer and writes it into the caption's title.
+  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}, reported: {}};
   const answers = () => [...document.querySelectorAll('#chatbot .message.bot')];
-  // An answer's own text: its messages that are not a caption or notice (those fold under a title).
+  const captioned = (group) => !!group.querySelector('.thought-group');
+  // An answer's own text: its messages that are not a caption (those fold under a title).
   const text = (group) => [...group.querySelectorAll('[data-testid=bot]')]
     .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
-  const start = () => { state.pending = {t0: performance.now(), index: answers().length}; };
+  const start = (retry) => {
+    const index = retry ? Math.max(answers().length - 1, 0) : answers().length;
+    delete state.byAnswer[index]; delete state.reported[index];
+    state.pending = {t0: performance.now(), index, retry};
+  };
+  const report = (ms) => {
+    const box = document.querySelector('#pd-glyph-report textarea');
+    if (!box) return;
+    box.value = String(ms);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    setTimeout(() => document.querySelector('#pd-glyph-send')?.click(), 0);  // once the box holds the value
+  };
   document.addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target.closest('#message')) start();
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target.closest('#message')) start(false);
   }, true);
   document.addEventListener('click', (e) => {
-    if (e.target.closest('#send')) start();
-    if (e.target.closest('#retry')) { delete state.byAnswer[answers().length - 1]; state.pending = null; }
-    if (e.target.closest('#conversations, #new-conversation')) { state.byAnswer = {}; state.pending = null; }
+    if (e.target.closest('#send')) start(false);
+    if (e.target.closest('#retry, #continue')) start(true);
+    if (e.target.closest('#conversations, #new-conversation')) {
+      state.byAnswer = {}; state.reported = {}; state.pending = null;
+    }
   }, true);
   new MutationObserver(() => {
     const p = state.pending;
     if (p && p.t1 === undefined) {
       const group = answers()[p.index];
-      if (group && text(group)) {
+      // A retried answer counts once the old one (captioned) has given way to the streaming one.
+      if (p.retry && (!group || !captioned(group))) p.fresh = true;
+      if (group && text(group) && (!p.retry || p.fresh)) {
         p.t1 = performance.now();
         requestAnimationFrame(() => setTimeout(() => {
           const ms = Math.round(performance.now() - p.t0);
@@ -31,9 +48,9 @@
         }, 0));
       }
     }
-    for (const span of document.querySelectorAll('#chatbot .pd-glyph:not([data-filled])')) {
-      const ms = state.byAnswer[answers().indexOf(span.closest('.message.bot'))];
-      if (ms !== undefined) { span.textContent = String(ms); span.dataset.filled = '1'; }
+    for (const [index, ms] of Object.entries(state.byAnswer)) {
+      const group = answers()[+index];
+      if (!state.reported[index] && group && captioned(group)) { state.reported[index] = true; report(ms); }
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   if (window.matchMedia('(max-width: 640px)').matches) {
