@@ -26,6 +26,7 @@ import functools
 import logging
 import html
 import inspect
+import json
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -52,9 +53,14 @@ STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut o
 UI_UPDATE_INTERVAL_S = 0.1
 # Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
 # its inputs and calling the server, and not at all when the event is skipped because an answer still streams).
+# The question is kept in the browser until the page shows it (static/chat.js: a lost connection gives it back).
 CLEAR_BOX_JS = """(...inputs) => {
   const box = document.querySelector('#message textarea');
-  if (box) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+  if (box) {
+    try { localStorage.setItem('prefixdesk-sending', box.value); localStorage.removeItem('prefixdesk-draft'); }
+    catch (e) {}
+    box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true}));
+  }
   return inputs;
 }"""
 
@@ -63,6 +69,12 @@ STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
 # The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
 JS = (STATIC / "chat.js").read_text(encoding="utf-8")
+
+
+def page_js(language: str) -> str:
+    """The page's script with the texts it shows itself, in the UI language."""
+    t = TEXT[language]
+    return JS.replace("/*PD_TEXT*/{}", json.dumps({"offline": t["offline"], "offline_title": t["offline_title"]}))
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,
@@ -99,12 +111,30 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
         return shown + [_notice(text, t)], shown, conversation_id, session_key, back
 
-    @_calm(3)
-    async def on_load(session_key: str):
+    async def stored(key: str, conversation_id: int | None) -> tuple[list[dict], list[MessageRow]] | None:
+        """The shown messages of a conversation this browser owns, and its rows; None when it has none such."""
+        rows = None if conversation_id is None else await desk.conversation(session_key=key,
+                                                                            conversation_id=conversation_id)
+        return None if rows is None else (_history_messages(rows, t, language), rows)
+
+    @_calm(6)
+    async def on_load(session_key: str, open_id: Any):
+        """(session key, picker, sidebar, chatbot, shown, open conversation): the page as it was left — the
+        conversation it had open (kept in the browser) shown again, after a reload or a server restart alike."""
         key = keys.browser(session_key)
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
-            return keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"])
-        return key, picker(), await _conversation_choices(desk, key, t)
+            return (keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"]),
+                    [], [], None)
+        open_id = _conversation_id(open_id)
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == open_id), None)
+        found = await stored(key, open_id) if now is not None else None
+        choose = picker()
+        if found is None:
+            return key, choose, _choices(listed, t), [], [], None
+        if now.template in (choose.get("choices") or []):
+            choose["value"] = now.template
+        return key, choose, _choices(listed, t, open_id), found[0], found[0], open_id
 
     async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = ""):
         """(chatbot, shown, conversation id, session key, returned) while the desk's ``events`` run: the
@@ -123,9 +153,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         finally:
             await events.aclose()
 
-    async def send(message: Any, template: str, conversation_id: int | None, session_key: str, shown: list,
+    async def send(message: Any, template: str, conversation_id: Any, session_key: str, shown: list,
                    request: gr.Request):
         shown = list(shown or [])
+        conversation_id = _conversation_id(conversation_id)
         if message is None or (isinstance(message, str) and not message.strip()):
             yield refused(shown, t["empty"], conversation_id, session_key)
             return
@@ -139,14 +170,18 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
             yield refused([], t["expired"], None, keys.mint_browser(), message)
             return
+        if conversation_id is not None and not shown:  # a server that forgot this page: the screen from the store
+            found = await stored(key, conversation_id)
+            shown = found[0] if found else []
         events = desk.answer(session_key=key, client=caller.address, template_name=template, message=admitted,
                              conversation_id=conversation_id, tenant=caller.tenant)
         base = shown + [_message("user", admitted.text)]
         async for update in on_screen(shown, base, conversation_id, key, events, restore=message):
             yield update
 
-    async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
+    async def retry(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
         shown = list(shown or [])
+        conversation_id = _conversation_id(conversation_id)
         key = keys.browser(session_key)
         if conversation_id is None or key is None:
             yield refused(shown, t["nothing_to_retry"], conversation_id, session_key)
@@ -157,6 +192,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             yield refused(shown, say(exc), conversation_id, session_key)
             return
         rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
+        if not shown:
+            shown = _history_messages(rows, t, language)
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
         events = desk.retry(session_key=key, client=caller.address, conversation_id=conversation_id,
@@ -165,21 +202,23 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             yield update
 
     @_calm(3)
-    async def after_answer(session_key: str, returned: str):
-        """The sidebar's list once an answer is stored, and a refused message back in the box."""
+    async def after_answer(session_key: str, returned: str, open_id: Any):
+        """The sidebar's list once an answer is stored (the open conversation marked), and a refused message
+        back in the box."""
         key = keys.browser(session_key)
-        choices = await _conversation_choices(desk, key, t) if key else gr.update(
+        choices = await _conversation_choices(desk, key, t, _conversation_id(open_id)) if key else gr.update(
             choices=[], value=None, label=t["no_conversations"])
         if not returned:
             return choices, gr.skip(), gr.skip()
         return choices, returned, ""
 
     @_calm(4)
-    async def after_stop(conversation_id: int | None, session_key: str, shown: list):
+    async def after_stop(conversation_id: Any, session_key: str, shown: list):
         """The stored conversation once the cancelled answer has stored itself as stopped, and the sidebar's
         list with it. A Stop that landed before the answer's first text finds the conversation it started
         (the page did not learn its id yet): the browser's newest, if it began a moment ago."""
         key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
         if key is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         listed = await desk.list_conversations(session_key=key)
@@ -200,12 +239,13 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     @_calm(4)
     @_calm(2)
-    async def report_first_visible(report: Any, conversation_id: int | None, session_key: str, shown: list):
+    async def report_first_visible(report: Any, conversation_id: Any, session_key: str, shown: list):
         """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
         caption's title says it. Anything but a whole number of milliseconds in range is ignored."""
         key = keys.browser(session_key)
         ms = _first_visible_ms(report)
-        if key is None or ms is None or type(conversation_id) is not int:
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or ms is None or conversation_id is None:
             return gr.skip(), gr.skip()
         row = await desk.first_visible(session_key=key, conversation_id=conversation_id, ms=ms)
         shown = list(shown or [])
@@ -215,16 +255,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown[last:] = _answer_messages(row, t, language)[-1:] + shown[last + 1:]
         return shown, shown
 
-    async def open_conversation(conversation_id: int | None, session_key: str):
-        session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
-        rows = None if conversation_id is None or session_key is None else await desk.conversation(
-            session_key=session_key, conversation_id=conversation_id)
-        if rows is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        messages = _history_messages(rows, t, language)
-        template = next((c.template for c in await desk.list_conversations(session_key=session_key)
-                         if c.id == conversation_id), gr.skip())
-        return messages, messages, conversation_id, template
+    @_calm(5)
+    async def open_conversation(chosen: Any, session_key: str):
+        """The conversation the customer picked in the sidebar. Its value is the page's own (the Radio is not
+        preprocessed: a server that restarted knows none of this page's choices), so it is checked here: a
+        conversation id this browser owns, or nothing happens but a fresh list."""
+        key = keys.browser(session_key)  # a key this server did not issue opens nothing
+        conversation_id = _conversation_id(chosen)
+        if key is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == conversation_id), None)
+        found = await stored(key, conversation_id) if now is not None else None
+        if found is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
+        return found[0], found[0], conversation_id, now.template, _choices(listed, t, conversation_id)
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
@@ -244,7 +289,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
         session_key = gr.BrowserState("", storage_key="prefixdesk-session", secret=browser_secret)
-        conversation_id = gr.State(None)
+        # The open conversation, kept in the browser: a reload or a server restart opens it again. Its value is
+        # the browser's, so every handler checks it (_conversation_id) and the desk checks who owns it.
+        conversation_id = gr.BrowserState(None, storage_key="prefixdesk-open", secret=browser_secret)
         shown = gr.State([])  # the conversation as displayed, kept on the server
         with gr.Sidebar(label=t["sidebar"], open=True, elem_id="pd-sidebar"):
             template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
@@ -283,7 +330,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
         for answered in (submit, click, again):  # the sidebar, once the answer is stored: one short request
-            answered.then(after_answer, [session_key, returned], [conversations, box, returned], queue=False,
+            answered.then(after_answer, [session_key, returned, conversation_id], [conversations, box, returned],
+                          queue=False,
                           **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
@@ -293,11 +341,15 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
                             [chatbot, shown], queue=False, **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
-        demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
+        demo.load(on_load, [session_key, conversation_id],
+                  [session_key, template, conversations, chatbot, shown, conversation_id], queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
-                            [chatbot, shown, conversation_id, template], **private)
-        new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
-        template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
+                            [chatbot, shown, conversation_id, template, conversations], preprocess=False, **private)
+        fresh = {"fn": lambda: ([], [], None, gr.update(value=None)), "inputs": None,
+                 "outputs": [chatbot, shown, conversation_id, conversations]}
+        new_btn.click(**fresh, **private)
+        template.input(**fresh, **private)
+        chatbot.clear(**fresh, **private)  # the chatbot's own trash icon starts a new conversation too
 
         # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
         # configures again for every new browser session.
@@ -381,9 +433,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
             return
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
-            known, conversation_id = conversation_id, event.conversation_id
-            yield (base + [_message("assistant", event.text)], gr.skip(),
-                   gr.skip() if known == conversation_id else conversation_id, session_key, gr.skip())
+            conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
+            yield base + [_message("assistant", event.text)], gr.skip(), conversation_id, session_key, gr.skip()
         elif isinstance(event, Finished):
             # The conversation as stored, with no second read of the database: what was shown (stored messages,
             # and last the question as the desk stores it; a new conversation is the question alone) and the
@@ -446,6 +497,11 @@ def _choices(rows: list[ConversationRow], t: dict, current: int | None = None):
     choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
     value = current if any(c.id == current for c in rows) else None
     return gr.update(choices=choices, value=value, label=t["history"] if choices else t["no_conversations"])
+
+
+def _conversation_id(value: Any) -> int | None:
+    """A conversation id as the browser holds it: a positive integer, or None for anything else."""
+    return value if type(value) is int and 0 < value < 2**63 else None
 
 
 def _first_visible_ms(report: Any) -> int | None:

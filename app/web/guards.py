@@ -23,7 +23,9 @@ CHAT_JOIN = "/gradio_api/queue/join"
 # an event is queued (join), streamed back (data), kept alive (heartbeat), stopped (cancel, reset);
 # the client reads the API's description (info); an event outside the queue (the chat's page load and the
 # sidebar after an answer) is one request (run/predict). The console also uploads and downloads template files.
-CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", "run/predict"})
+# app_id: after a lost connection Gradio's page asks it every 2 s and reloads itself once the server answers;
+# refused, a page open across a server restart never recovered (its events failed until a manual reload).
+CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", "run/predict", "app_id"})
 CHAT_ROUTE_PREFIXES = ("heartbeat/",)  # heartbeat/<session>
 CONSOLE_ROUTES = CHAT_ROUTES | {"upload", "upload_progress"}
 CONSOLE_ROUTE_PREFIXES = CHAT_ROUTE_PREFIXES + ("file=",)  # file=<path>

@@ -38,7 +38,7 @@ FAULTS_JS = """
   if (window.__pdFaults) return;
   const faults = window.__pdFaults = [];
   const look = () => {
-    for (const el of document.querySelectorAll('.toast-body, [data-testid=status-tracker] .error, .error')) {
+    for (const el of document.querySelectorAll('[data-testid=toast-body], .error')) {
       const text = (el.innerText || '').trim();
       if (text && el.offsetParent !== null && !el.dataset.pdSeen) {
         el.dataset.pdSeen = '1';
@@ -46,7 +46,7 @@ FAULTS_JS = """
       }
     }
   };
-  new MutationObserver(look).observe(document.body, {childList: true, subtree: true, characterData: true});
+  new MutationObserver(look).observe(document.documentElement, {childList: true, subtree: true, characterData: true});
 }
 """
 

@@ -33,6 +33,50 @@
       state.byAnswer = {}; state.reported = {}; state.pending = null;
     }
   }, true);
+  // What the customer typed survives a reload and a server restart (after which Gradio reloads the page): the
+  // box's text is kept in the browser as it is typed, and a question on its way until the page shows it.
+  const TEXT = /*PD_TEXT*/{};
+  const DRAFT = 'prefixdesk-draft', SENDING = 'prefixdesk-sending';
+  const keep = (k, v) => { try { if (v) localStorage.setItem(k, v); else localStorage.removeItem(k); } catch (e) {} };
+  const kept = (k) => { try { return localStorage.getItem(k) || ''; } catch (e) { return ''; } };
+  const box = () => document.querySelector('#message textarea');
+  const fill = (text) => {
+    const b = box();
+    if (b && !b.value && text) { b.value = text; b.dispatchEvent(new Event('input', {bubbles: true})); }
+  };
+  const lastQuestion = () => {
+    const asked = [...document.querySelectorAll('#chatbot [data-testid=user]')];
+    return asked.length ? asked[asked.length - 1].innerText.trim() : null;
+  };
+  let touched = false;
+  document.addEventListener('input', (e) => {
+    if (e.isTrusted && e.target.closest('#message')) { touched = true; keep(DRAFT, e.target.value); }
+  }, true);
+  document.addEventListener('keydown', (e) => { if (e.target.closest('#message')) touched = true; }, true);
+  const restore = (tries) => {
+    if (!document.querySelector('#template input')?.value) { if (tries > 0) setTimeout(() => restore(tries - 1), 100); return; }
+    setTimeout(() => {  // the load event has drawn the open conversation by now
+      if (touched) return;  // the customer is typing or has sent already: their box is theirs
+      const sending = kept(SENDING);
+      if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');
+      fill(kept(DRAFT) || kept(SENDING));
+    }, 300);
+  };
+  restore(300);
+  new MutationObserver(() => {
+    const sending = kept(SENDING);
+    if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');  // the server has it
+    // Gradio's own "connection lost" toast, in the page's language; the question goes back to the box.
+    for (const toast of document.querySelectorAll('[data-testid=toast-body]:not([data-pd])')) {
+      if (!/Connection/i.test(toast.innerText)) continue;
+      toast.dataset.pd = '1';
+      const text = toast.querySelector('[data-testid=toast-text]');
+      if (text) text.innerText = TEXT.offline || text.innerText;
+      const title = toast.querySelector('.toast-title-row span');
+      if (title) title.innerText = TEXT.offline_title || title.innerText;
+      fill(kept(SENDING));
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
   new MutationObserver(() => {
     const p = state.pending;
     if (p && p.t1 === undefined) {
