@@ -245,6 +245,34 @@ class Desk:
         async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant):
             yield event
 
+    async def continue_answer(self, *, session_key: str, client: str, conversation_id: int,
+                              tenant: str = "") -> AsyncIterator[Progress | Finished]:
+        """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
+        with the answer so far (no new question), and the stored row gets the whole text."""
+        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
+        if template_name is None:
+            raise DeskInputError("no_conversation")
+        template = self.customer_template(template_name)
+        self._check_rate(client)
+        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
+        template = await self._on_version(template, state.template_version_id if state else None)
+        try:
+            turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
+                                              conversation_id=conversation_id)
+        except db_conversations.WithPerson as exc:
+            yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
+            return
+        except db_conversations.NotYours:
+            raise DeskInputError("no_conversation") from None
+        except db_conversations.NothingToContinue:
+            raise DeskInputError("nothing_to_continue") from None
+        except StoreError as exc:
+            raise DeskInputError("not_retried", detail=str(exc)) from None
+        template = await self._on_version(template, turn.template_version_id)
+        turns = await self._stored_turns(conversation_id)  # the reopened answer is "generating": not among them
+        async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial):
+            yield event
+
     async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
         """The stored messages of a conversation this browser owns, as its customer may see them
         (cached-token figures capped: app/core/cache_figures.py), or None."""
@@ -284,13 +312,16 @@ class Desk:
 
     async def _generate(self, turn: TurnIds, template: TemplateInfo, history: Sequence[Turn], message: str, *,
                         client: str, tenant: str, max_tokens: int | None = None,
-                        ignore_eos: bool = False) -> AsyncIterator[Progress | Finished]:
-        text = ""
+                        ignore_eos: bool = False, continued: str = "") -> AsyncIterator[Progress | Finished]:
+        """``continued``: the answer so far, which this generation goes on with (continue_answer)."""
+        text = continued
         result: AnswerResult | None = None
         dropped = 0
         try:
             with self.limiter.stream(client):
-                prompt = await self.build_prompt(template, history, message)
+                prompt = (await self.build_prompt(template, history, message) if not continued else
+                          await asyncio.to_thread(self.prompts.build_continuation, system_text(template.chain),
+                                                  list(history), continued))
                 dropped = prompt.dropped_turns
                 budget = min(prompt.max_tokens, max_tokens or prompt.max_tokens)
                 key = routing_key(template.family, shards=self.family_shards, shard_seed=str(turn.conversation_id))
@@ -311,12 +342,12 @@ class Desk:
                         elif isinstance(event, RequestStats):
                             status, error = ("stopped", STOPPED) if event.finish_reason == "abort" else ("ok", None)
                             result = _result(text, status, error, event)
-        except (RateLimited, PromptError) as exc:
-            result = _failed("", exc.code, **exc.params)
+        except (RateLimited, PromptError) as exc:  # (text: a continued answer's text so far stays)
+            result = _failed(text, exc.code, **exc.params)
         except EngineBusy as exc:
-            result = _failed("", "busy", detail=str(exc))
+            result = _failed(text, "busy", detail=str(exc))
         except EngineRejected as exc:
-            result = _failed("", "rejected", detail=str(exc))
+            result = _failed(text, "rejected", detail=str(exc))
         except EngineError as exc:
             result = _failed(text, "broke_off", detail=str(exc))
         except (asyncio.CancelledError, GeneratorExit):
@@ -345,8 +376,11 @@ class Desk:
             return await asyncio.shield(write)
         except asyncio.CancelledError:
             await asyncio.wait({write})
-            if not write.cancelled() and write.exception() is None and write.result().answer_id is not None:
-                await self._finish(write.result().answer_id, AnswerResult(text="", status="stopped", error=STOPPED))
+            if not write.cancelled() and write.exception() is None:
+                # begin_continue also returns the answer's text so far: a stopped continuation keeps it.
+                turn, text = write.result() if isinstance(write.result(), tuple) else (write.result(), "")
+                if turn.answer_id is not None:
+                    await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
             raise
 
     def _check_rate(self, client: str) -> None:

@@ -126,14 +126,31 @@ class PromptBuilder:
         return Prompt(token_ids=ids, prefix_tokens=len(prefix), dropped_turns=dropped,
                       max_tokens=min(self.max_tokens, self.max_model_len - len(ids)))
 
+    def build_continuation(self, system: str, history: Sequence[Turn], partial: str) -> Prompt:
+        """Token ids that go on with ``partial``, the conversation's last answer, as the same answer: ``system``
+        + ``history`` (ending with its question), then the answer's own opening and its text so far, with no end
+        of turn and no new question (what transformers calls continue_final_message). Raises PromptTooLong when
+        it does not fit, PromptError("not_continuable") for a chat template that does not frame messages."""
+        if not self.framed:
+            raise PromptError("not_continuable")
+        prefix = list(self.prefix_ids(system))
+        pre, _ = self._frame("assistant")
+        tail = [*pre, *self.content_ids(partial)]
+        turns = [Turn(t.role, t.text.strip()) for t in history]
+        ids, dropped = self._fit_framed(system, prefix, turns, "", tail=tail)
+        return Prompt(token_ids=ids, prefix_tokens=len(prefix), dropped_turns=dropped,
+                      max_tokens=min(self.max_tokens, self.max_model_len - len(ids)))
+
     # -- fitting -----------------------------------------------------------------------------
 
     @property
     def _limit(self) -> int:
         return self.max_model_len - MIN_ANSWER_TOKENS
 
-    def _fit_framed(self, system: str, prefix: list[int], turns: list[Turn], message: str) -> tuple[list[int], int]:
-        tail = self._message_ids("user", message) + self._generation_ids()
+    def _fit_framed(self, system: str, prefix: list[int], turns: list[Turn], message: str, *,
+                    tail: list[int] | None = None) -> tuple[list[int], int]:
+        """``tail``: what ends the prompt in place of ``message`` as a new question (a continued answer)."""
+        tail = tail if tail is not None else self._message_ids("user", message) + self._generation_ids()
         budget = self._limit - len(prefix) - len(tail)
         if budget < 0:
             self._too_long_message(len(prefix) + len(tail))

@@ -32,6 +32,8 @@ ENGLISH = {
                              "{limit:,}). Please start a new conversation.",
     "prefix_unstable": "the model's chat template renders the system prompt differently from request to request, "
                        "so it can never be cached; use a chat template without dates or defaults",
+    "not_continuable": "This model's chat template cannot continue an answer; ask again to get a new one.",
+    "nothing_to_continue": "The last answer of this conversation was not cut short; there is nothing to continue.",
     "busy": "The help desk is busy right now: {detail}.",
     "rejected": "This request could not be answered: {detail}.",
     "broke_off": "The answer broke off: {detail}.",

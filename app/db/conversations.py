@@ -156,6 +156,31 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     return TurnIds(conversation_id, last_user.id, answer.id, template_version_id)
 
 
+class NothingToContinue(LookupError):
+    """The conversation's last answer was not cut off at its budget."""
+
+
+def begin_continue(s: Session, *, session_key: str, conversation_id: int) -> tuple[TurnIds, str]:
+    """Reopen the conversation's last answer, cut off at its budget, to go on with it as the same answer: its
+    row goes back to ``generating`` (finish_answer stores the whole text). Returns the turn and the text so
+    far. Raises NotYours, NothingToContinue, or WithPerson while a person answers."""
+    conv = s.get(Conversation, conversation_id)
+    if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
+        raise NotYours()
+    last = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.status != "replaced")
+                     .order_by(Message.id.desc()).limit(1)).first()
+    if (last is None or last.role != "assistant" or last.author or last.status != "ok"
+            or last.finish_reason != "length"):
+        raise NothingToContinue("the last answer was not cut off")
+    question = s.scalar(select(func.max(Message.id)).where(Message.conversation_id == conversation_id,
+                                                          Message.role == "user"))
+    if conv.handoff:
+        raise WithPerson(conv.handoff, question or last.id)
+    last.status = "generating"
+    s.flush()
+    return TurnIds(conversation_id, question or 0, last.id, last.template_version_id), last.text
+
+
 def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> MessageRow:
     m = s.get_one(Message, message_id)
     m.text = result.text

@@ -74,7 +74,7 @@ JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 def page_js(language: str) -> str:
     """The page's script with the texts it shows itself, in the UI language."""
     t = TEXT[language]
-    return JS.replace("/*PD_TEXT*/{}", json.dumps({"offline": t["offline"], "offline_title": t["offline_title"]}))
+    return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in ("offline", "offline_title", "cut_off", "notice")}))
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,
@@ -179,7 +179,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         async for update in on_screen(shown, base, conversation_id, key, events, restore=message):
             yield update
 
-    async def retry(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+    async def answer_again(conversation_id: Any, session_key: str, shown: list, request: gr.Request, *,
+                           go_on: bool):
+        """Retry (a new answer to the last question) or Continue (``go_on``: the cut-off last answer goes on)."""
         shown = list(shown or [])
         conversation_id = _conversation_id(conversation_id)
         key = keys.browser(session_key)
@@ -196,9 +198,17 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             shown = _history_messages(rows, t, language)
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        events = desk.retry(session_key=key, client=caller.address, conversation_id=conversation_id,
-                            tenant=caller.tenant)
+        run = desk.continue_answer if go_on else desk.retry
+        events = run(session_key=key, client=caller.address, conversation_id=conversation_id, tenant=caller.tenant)
         async for update in on_screen(shown, base, conversation_id, key, events):
+            yield update
+
+    async def retry(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+        async for update in answer_again(conversation_id, session_key, shown, request, go_on=False):
+            yield update
+
+    async def go_on(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+        async for update in answer_again(conversation_id, session_key, shown, request, go_on=True):
             yield update
 
     @_calm(3)
@@ -319,6 +329,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             send_btn = gr.Button(t["send"], variant="primary", elem_id="send", scale=1, min_width=72)
             stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
             retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
+            # Shown by the page's script only under an answer cut off at its length (chat.css, chat.js).
+            continue_btn = gr.Button(t["continue"], variant="secondary", elem_id="continue", scale=1, min_width=72)
 
         private = {"api_visibility": "private", "show_progress": "hidden", "concurrency_limit": None}
         # The streaming events: their messages are already in the chatbot's format (module docstring). The page
@@ -329,13 +341,14 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         submit = box.submit(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
-        for answered in (submit, click, again):  # the sidebar, once the answer is stored: one short request
+        onwards = continue_btn.click(go_on, [conversation_id, session_key, shown], screen, **streaming)
+        for answered in (submit, click, again, onwards):  # the sidebar, once the answer is stored: one short request
             answered.then(after_answer, [session_key, returned, conversation_id], [conversations, box, returned],
                           queue=False,
                           **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
-        stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
+        stop_btn.click(None, None, None, cancels=[submit, click, again, onwards], api_visibility="private")
         stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown, conversation_id, conversations],
                        **private)
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
@@ -468,7 +481,8 @@ def _notice(text: str, t: dict) -> dict:
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [_message("assistant", m.text)] if m.text else []
     if m.status == "ok":
-        out.append(_message("assistant", caption_details(m, language), caption_title(m, language)))
+        title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "")
+        out.append(_message("assistant", caption_details(m, language), title))
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
                             t["stopped"]))

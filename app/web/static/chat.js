@@ -12,9 +12,10 @@
   const text = (group) => [...group.querySelectorAll('[data-testid=bot]')]
     .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
   const start = (retry) => {
+    if (!retry && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
     const index = retry ? Math.max(answers().length - 1, 0) : answers().length;
     delete state.byAnswer[index]; delete state.reported[index];
-    state.pending = {t0: performance.now(), index, retry};
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot()};
   };
   const report = (ms) => {
     const box = document.querySelector('#pd-glyph-report textarea');
@@ -77,7 +78,29 @@
       fill(kept(SENDING));
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
+  // The composer says what can be done now: Stop only while an answer streams, Retry only when it has ended,
+  // Continue only under an answer cut off at its length.
+  const lastBot = () => {
+    const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
+    return bots.length ? bots[bots.length - 1].innerText.trim() : '';
+  };
+  const composer = () => {
+    const p = state.pending, groups = answers(), last = groups[groups.length - 1];
+    if (p && !p.done) {
+      const group = groups[p.index], bot = lastBot();
+      const answered = group && captioned(group) && (!p.retry || p.fresh);
+      const refused = bot !== p.bot && bot.startsWith(TEXT.notice.trim());
+      if (answered || refused) p.done = true;
+    }
+    const streaming = !!p && !p.done;
+    const title = last && last.querySelector('.thought-group .title');
+    const row = document.querySelector('#pd-composer');  // (Gradio scopes the page's CSS to its container)
+    if (!row) return;
+    row.classList.toggle('pd-streaming', streaming);
+    row.classList.toggle('pd-cut', !streaming && !!title && title.innerText.includes(TEXT.cut_off));
+  };
   new MutationObserver(() => {
+    composer();
     const p = state.pending;
     if (p && p.t1 === undefined) {
       const group = answers()[p.index];
