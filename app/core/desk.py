@@ -48,6 +48,9 @@ PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as
 WITH_PERSON = "with_person"  # the status of a turn a person answers (no answer row is stored for it)
 MAX_FIRST_VISIBLE_MS = 600_000  # a browser's first-text measure beyond ten minutes is no measure
 FIRST_VISIBLE_WITHIN = timedelta(minutes=10)  # how late a browser may still report an answer's first text
+# What a template tells the model to write when only a person can help: a finished answer that holds it hands
+# the conversation to a person (the model answers it no more until an operator releases it).
+PERSON_MARKERS = ("【转人工】", "[[person]]")
 PERSON_NOTICE = "A person is answering this conversation; their reply will appear here."
 
 
@@ -215,6 +218,7 @@ class Desk:
             return
         template = await self._on_version(template, turn.template_version_id)
         async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
+                                          session_key=session_key,
                                           max_tokens=max_tokens, ignore_eos=ignore_eos):
             yield event
 
@@ -242,7 +246,8 @@ class Desk:
             raise DeskInputError("not_retried", detail=str(exc)) from None
         turns = await self._stored_turns(conversation_id)
         question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
-        async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant):
+        async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant,
+                                          session_key=session_key):
             yield event
 
     async def continue_answer(self, *, session_key: str, client: str, conversation_id: int,
@@ -270,7 +275,8 @@ class Desk:
             raise DeskInputError("not_retried", detail=str(exc)) from None
         template = await self._on_version(template, turn.template_version_id)
         turns = await self._stored_turns(conversation_id)  # the reopened answer is "generating": not among them
-        async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial):
+        async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial,
+                                          session_key=session_key):
             yield event
 
     async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
@@ -300,6 +306,30 @@ class Desk:
         header = await self._read(db_conversations.header, conversation_id=conversation_id)
         return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
 
+    async def request_person(self, *, session_key: str, conversation_id: int) -> bool:
+        """Hand this browser's conversation to a person; False when it is not theirs or already waits for one."""
+        try:
+            return await self.db.write(db_conversations.request_person, session_key=session_key,
+                                       conversation_id=conversation_id)
+        except (db_conversations.NotYours, StoreError):
+            return False
+
+    async def handoff(self, *, session_key: str, conversation_id: int) -> str | None:
+        """"" (the model answers), "waiting" or "person" for this browser's conversation; None if not theirs."""
+        header = await self._read(db_conversations.header, conversation_id=conversation_id)
+        if header is None or header.session_key != session_key:
+            return None
+        return await self._read(db_conversations.handoff_of, conversation_id=conversation_id)
+
+    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "") -> bool:
+        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers."""
+        try:
+            await self.db.write(db_conversations.rate, session_key=session_key, message_id=message_id,
+                                thumbs=thumbs, reason=clean_text(reason).strip())
+        except (db_conversations.NotYours, StoreError, ValueError):
+            return False
+        return True
+
     async def messages_after(self, *, session_key: str, conversation_id: int, after_id: int) -> list[MessageRow]:
         """This browser's conversation's finished messages after ``after_id`` (a person's replies, polled)."""
         try:
@@ -312,8 +342,10 @@ class Desk:
 
     async def _generate(self, turn: TurnIds, template: TemplateInfo, history: Sequence[Turn], message: str, *,
                         client: str, tenant: str, max_tokens: int | None = None,
-                        ignore_eos: bool = False, continued: str = "") -> AsyncIterator[Progress | Finished]:
-        """``continued``: the answer so far, which this generation goes on with (continue_answer)."""
+                        ignore_eos: bool = False, continued: str = "",
+                        session_key: str = "") -> AsyncIterator[Progress | Finished]:
+        """``continued``: the answer so far, which this generation goes on with (continue_answer). A finished
+        answer that asks for a person (PERSON_MARKERS) hands the conversation to one."""
         text = continued
         result: AnswerResult | None = None
         dropped = 0
@@ -358,8 +390,12 @@ class Desk:
             await self._finish(turn.answer_id, _failed(text, "internal"))
             raise
         stored = await self._finish(turn.answer_id, result)
+        handoff = ""
+        if stored.status == "ok" and asks_for_person(stored.text) and session_key:
+            handoff = "waiting" if await self.request_person(session_key=session_key,
+                                                             conversation_id=turn.conversation_id) else ""
         yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
-                       dropped)
+                       dropped, handoff=handoff)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
         """``template`` at a conversation's own version (None: the published one)."""
@@ -416,6 +452,11 @@ def _with_person(conversation_id: int, message_id: int, version_id: int | None, 
                         num_cached_tokens=None, ttft_ms=None, output_tokens=None, decode_tokens_per_s=None,
                         replica=None, created_at=utcnow())
     return Finished(notice, notice, handoff=handoff)
+
+
+def asks_for_person(text: str) -> bool:
+    """Whether a finished answer asks for a person (PERSON_MARKERS)."""
+    return any(marker in text for marker in PERSON_MARKERS)
 
 
 def check_history(history: Sequence[Turn]) -> list[Turn]:

@@ -45,6 +45,7 @@ from app.engine import EngineInfo
 from app.core.refusals import Refused
 from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
 
+PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
 STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
@@ -117,24 +118,35 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                                                                             conversation_id=conversation_id)
         return None if rows is None else (_history_messages(rows, t, language), rows)
 
-    @_calm(6)
+    def watch(now: ConversationRow | None, rows: list[MessageRow]) -> tuple:
+        """(timer, last seen id): the page polls for a person's replies only while one has the conversation."""
+        return gr.Timer(active=bool(now and now.handoff)), max((m.id for m in rows), default=0)
+
+    def with_handoff(messages: list[dict], now: ConversationRow) -> list[dict]:
+        if now.handoff:
+            messages = messages + [_notice(t["waiting_person" if now.handoff == "waiting" else "with_person"], t)]
+        return messages
+
+    @_calm(8)
     async def on_load(session_key: str, open_id: Any):
-        """(session key, picker, sidebar, chatbot, shown, open conversation): the page as it was left — the
-        conversation it had open (kept in the browser) shown again, after a reload or a server restart alike."""
+        """(session key, picker, sidebar, chatbot, shown, open conversation, timer, seen): the page as it was
+        left — the conversation it had open (kept in the browser) shown again, after a reload or a server
+        restart alike."""
         key = keys.browser(session_key)
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
             return (keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"]),
-                    [], [], None)
+                    [], [], None, gr.Timer(active=False), 0)
         open_id = _conversation_id(open_id)
         listed = await desk.list_conversations(session_key=key)
         now = next((c for c in listed if c.id == open_id), None)
         found = await stored(key, open_id) if now is not None else None
         choose = picker()
         if found is None:
-            return key, choose, _choices(listed, t), [], [], None
+            return key, choose, _choices(listed, t), [], [], None, gr.Timer(active=False), 0
         if now.template in (choose.get("choices") or []):
             choose["value"] = now.template
-        return key, choose, _choices(listed, t, open_id), found[0], found[0], open_id
+        messages = with_handoff(found[0], now)
+        return (key, choose, _choices(listed, t, open_id), messages, messages, open_id, *watch(now, found[1]))
 
     async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = ""):
         """(chatbot, shown, conversation id, session key, returned) while the desk's ``events`` run: the
@@ -211,16 +223,23 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         async for update in answer_again(conversation_id, session_key, shown, request, go_on=True):
             yield update
 
-    @_calm(3)
-    async def after_answer(session_key: str, returned: str, open_id: Any):
-        """The sidebar's list once an answer is stored (the open conversation marked), and a refused message
-        back in the box."""
+    @_calm(5)
+    async def after_answer(session_key: str, returned: str, open_id: Any, shown: list):
+        """The sidebar's list once an answer is stored (the open conversation marked), a refused message back
+        in the box, and the poll for a person's replies started when the answer handed the conversation to one."""
         key = keys.browser(session_key)
-        choices = await _conversation_choices(desk, key, t, _conversation_id(open_id)) if key else gr.update(
-            choices=[], value=None, label=t["no_conversations"])
+        open_id = _conversation_id(open_id)
+        if not key:
+            return gr.update(choices=[], value=None, label=t["no_conversations"]), gr.skip(), gr.skip(), \
+                gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == open_id), None)
+        timer, seen = gr.skip(), gr.skip()
+        if now is not None and now.handoff:  # polled from the last answer shown: a reply stored meanwhile comes too
+            timer, seen = gr.Timer(active=True), max((_answer_id(m) or 0 for m in shown or []), default=0)
         if not returned:
-            return choices, gr.skip(), gr.skip()
-        return choices, returned, ""
+            return _choices(listed, t, open_id), gr.skip(), gr.skip(), timer, seen
+        return _choices(listed, t, open_id), returned, "", timer, seen
 
     @_calm(4)
     async def after_stop(conversation_id: Any, session_key: str, shown: list):
@@ -265,7 +284,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown[last:] = _answer_messages(row, t, language)[-1:] + shown[last + 1:]
         return shown, shown
 
-    @_calm(5)
+    @_calm(7)
     async def open_conversation(chosen: Any, session_key: str):
         """The conversation the customer picked in the sidebar. Its value is the page's own (the Radio is not
         preprocessed: a server that restarted knows none of this page's choices), so it is checked here: a
@@ -278,8 +297,73 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         now = next((c for c in listed if c.id == conversation_id), None)
         found = await stored(key, conversation_id) if now is not None else None
         if found is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
-        return found[0], found[0], conversation_id, now.template, _choices(listed, t, conversation_id)
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), _choices(listed, t), gr.skip(), gr.skip()
+        messages = with_handoff(found[0], now)
+        return (messages, messages, conversation_id, now.template, _choices(listed, t, conversation_id),
+                *watch(now, found[1]))
+
+    @_calm(4)
+    async def ask_person(conversation_id: Any, session_key: str, shown: list):
+        """(chatbot, shown, timer, seen): the conversation handed to a person, and the page polling for their
+        replies from the last answer it shows."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        shown = list(shown or [])
+        if key is None or conversation_id is None:
+            return shown + [_notice(t["person_first"], t)], gr.skip(), gr.skip(), gr.skip()
+        asked = await desk.request_person(session_key=key, conversation_id=conversation_id)
+        handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
+        if not asked and not handoff:
+            return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
+        seen = max((_answer_id(m) or 0 for m in shown), default=0)
+        shown = shown + [_notice(t["waiting_person" if handoff == "waiting" else "with_person"], t)]
+        return shown, shown, gr.Timer(active=True), seen
+
+    @_calm(4)
+    async def poll(conversation_id: Any, session_key: str, shown: list, seen: Any):
+        """(chatbot, shown, seen, timer) every few seconds while a person has the conversation: their new replies,
+        marked as theirs, and the timer stopped once the conversation is handed back. Nothing new: nothing sent."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
+        if handoff is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        after = seen if type(seen) is int and seen >= 0 else 0
+        new = await desk.messages_after(session_key=key, conversation_id=conversation_id, after_id=after)
+        replies = [out for m in new if m.role == "assistant" and m.author for out in _answer_messages(m, t, language)]
+        if not replies and handoff:
+            return gr.skip(), gr.skip(), max((m.id for m in new), default=gr.skip()), gr.skip()
+        shown = list(shown or []) + replies + ([] if handoff else [_notice(t["released"], t)])
+        return shown, shown, max((m.id for m in new), default=after), gr.Timer(active=bool(handoff))
+
+    @_calm(3)
+    async def rated(data: gr.LikeData, shown: list, session_key: str):
+        """(reason row, rating for, reason box): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional reason."""
+        key = keys.browser(session_key)
+        shown = shown or []
+        index = data.index if type(data.index) is int else -1
+        # Gradio names an answer's group by its first message; its caption, which holds the answer's id, is last.
+        group = []
+        for message in shown[index:] if 0 <= index < len(shown) else []:
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                break
+            group.append(message)
+        message_id = next((ref for m in reversed(group) if (ref := _answer_id(m)) is not None), None)
+        if key is None or message_id is None or data.liked not in (True, False):
+            return gr.skip(), gr.skip(), gr.skip()
+        thumbs = 1 if data.liked else -1
+        if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs):
+            return gr.skip(), gr.skip(), gr.skip()
+        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, ""
+
+    @_calm(3)
+    async def send_reason(reason: Any, rating_for: Any, session_key: str):
+        key = keys.browser(session_key)
+        if key is not None and type(rating_for) is int and isinstance(reason, str) and len(reason) <= 500:
+            await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason)
+        return gr.Row(visible=False), None, ""
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
@@ -320,9 +404,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             first_visible_btn = gr.Button("", elem_id="pd-glyph-send")
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
-        chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
+        chatbot = gr.Chatbot(elem_id="chatbot", height="58vh", show_label=False, buttons=["copy"],
+                             feedback_options=("Like", "Dislike"),
                              layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True,
                              render_markdown=False, latex_delimiters=[], sanitize_html=True)
+        # After 👎: an optional reason (the thumbs are kept already).
+        with gr.Row(elem_id="pd-reason", visible=False) as reason_row:
+            reason = gr.Textbox(placeholder=t["reason"], show_label=False, container=False, max_length=500, scale=8)
+            reason_btn = gr.Button(t["rate_send"], elem_id="reason-send", scale=1, min_width=72, size="sm")
+        rating_for = gr.State(None)  # the answer the reason is for
+        with gr.Row(elem_id="pd-actions"):
+            person_btn = gr.Button(t["person_button"], elem_id="person", size="sm", variant="secondary", scale=0,
+                                   min_width=96)
+        # While a person has the conversation the page asks for their replies every few seconds (and only then).
+        person_timer = gr.Timer(PERSON_POLL_S, active=False)
+        seen = gr.State(0)  # the last message id the page has shown, for the poll
         with gr.Row(elem_id="pd-composer", equal_height=True):
             box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
                              max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
@@ -343,8 +439,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
         onwards = continue_btn.click(go_on, [conversation_id, session_key, shown], screen, **streaming)
         for answered in (submit, click, again, onwards):  # the sidebar, once the answer is stored: one short request
-            answered.then(after_answer, [session_key, returned, conversation_id], [conversations, box, returned],
-                          queue=False,
+            answered.then(after_answer, [session_key, returned, conversation_id, shown],
+                          [conversations, box, returned, person_timer, seen], queue=False,
                           **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
@@ -353,13 +449,23 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                        **private)
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
                             [chatbot, shown], queue=False, **private)
+        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason], queue=False, **private)
+        for asked_reason in (reason.submit, reason_btn.click):
+            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason], queue=False,
+                         **private)
+        person_btn.click(ask_person, [conversation_id, session_key, shown], [chatbot, shown, person_timer, seen],
+                         queue=False, **private)
+        person_timer.tick(poll, [conversation_id, session_key, shown, seen], [chatbot, shown, seen, person_timer],
+                          queue=False, **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
         demo.load(on_load, [session_key, conversation_id],
-                  [session_key, template, conversations, chatbot, shown, conversation_id], queue=False, **private)
+                  [session_key, template, conversations, chatbot, shown, conversation_id, person_timer, seen],
+                  queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
-                            [chatbot, shown, conversation_id, template, conversations], preprocess=False, **private)
-        fresh = {"fn": lambda: ([], [], None, gr.update(value=None)), "inputs": None,
-                 "outputs": [chatbot, shown, conversation_id, conversations]}
+                            [chatbot, shown, conversation_id, template, conversations, person_timer, seen],
+                            preprocess=False, **private)
+        fresh = {"fn": lambda: ([], [], None, gr.update(value=None), gr.Timer(active=False)), "inputs": None,
+                 "outputs": [chatbot, shown, conversation_id, conversations, person_timer]}
         new_btn.click(**fresh, **private)
         template.input(**fresh, **private)
         chatbot.clear(**fresh, **private)  # the chatbot's own trash icon starts a new conversation too
@@ -466,10 +572,12 @@ def as_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _message(role: str, text: str, title: str | None = None) -> dict:
+def _message(role: str, text: str, title: str | None = None, ref: int | None = None) -> dict:
     """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
-    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text."""
-    return {"role": role, "metadata": {"title": title, "status": "done"} if title else None,
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text. A
+    caption carries its answer's id (``ref``): a 👍 or 👎 on the answer names it."""
+    metadata = {"title": title, "status": "done", **({"id": str(ref)} if ref is not None else {})} if title else None
+    return {"role": role, "metadata": metadata,
             "content": [{"text": as_text(inspect.cleandoc(text)), "type": "text"}], "options": None}
 
 
@@ -478,14 +586,22 @@ def _notice(text: str, t: dict) -> dict:
     return _message("assistant", t["notice"] + text)
 
 
+def _answer_id(message: dict) -> int | None:
+    ref = (message.get("metadata") or {}).get("id") if isinstance(message, dict) else None
+    return int(ref) if isinstance(ref, str) and ref.isdigit() and len(ref) < 19 else None
+
+
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [_message("assistant", m.text)] if m.text else []
-    if m.status == "ok":
+    if m.author:  # a person's reply, marked as theirs
+        out.append(_message("assistant", f"{m.created_at:%Y-%m-%d %H:%M} UTC", t["person"].format(name=m.author),
+                            m.id))
+    elif m.status == "ok":
         title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "")
-        out.append(_message("assistant", caption_details(m, language), title))
+        out.append(_message("assistant", caption_details(m, language), title, m.id))
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                            t["stopped"]))
+                            t["stopped"], m.id))
     elif m.status == WITH_PERSON:
         out.append(_notice(t["with_person"], t))
     else:
