@@ -314,6 +314,26 @@ class Desk:
         except (db_conversations.NotYours, StoreError):
             return False
 
+    async def rename(self, *, session_key: str, conversation_id: int, title: object) -> bool:
+        """Give this browser's conversation a title of its customer's (1 to 60 characters once cleaned)."""
+        text = clean_text(title).strip() if isinstance(title, str) and len(title) <= 200 else ""
+        if not 0 < len(text) <= db_conversations.TITLE_CHARS:
+            return False
+        try:
+            await self.db.write(db_conversations.rename, session_key=session_key, conversation_id=conversation_id,
+                                title=text)
+        except (db_conversations.NotYours, StoreError):
+            return False
+        return True
+
+    async def delete(self, *, session_key: str, conversation_id: int) -> bool:
+        """Take this browser's conversation off its list (the record stays for the operators)."""
+        try:
+            await self.db.write(db_conversations.delete, session_key=session_key, conversation_id=conversation_id)
+        except (db_conversations.NotYours, StoreError):
+            return False
+        return True
+
     async def handoff(self, *, session_key: str, conversation_id: int) -> str | None:
         """"" (the model answers), "waiting" or "person" for this browser's conversation; None if not theirs."""
         header = await self._read(db_conversations.header, conversation_id=conversation_id)

@@ -94,9 +94,12 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         peer = request.client.host if request is not None and request.client else None
         return trust.caller(peer, headers)
 
+    def topics() -> list[str]:
+        return [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
+               [tpl.name for tpl in desk.catalog.customer_facing()]
+
     def picker() -> dict:
-        names = [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
-                [tpl.name for tpl in desk.catalog.customer_facing()]
+        names = topics()
         return gr.update(choices=names, value=names[0] if names else None)
 
     def say(exc: Exception) -> str:
@@ -365,6 +368,27 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason)
         return gr.Row(visible=False), None, ""
 
+    @_calm(2)
+    async def rename(title: Any, conversation_id: Any, session_key: str):
+        """(sidebar, title box): the open conversation under the customer's own title."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip()
+        if not await desk.rename(session_key=key, conversation_id=conversation_id, title=title):
+            return gr.skip(), gr.skip()
+        return await _conversation_choices(desk, key, t, conversation_id), ""
+
+    @_calm(5)
+    async def delete(conversation_id: Any, session_key: str):
+        """The open conversation off the list, and a new one begun."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        await desk.delete(session_key=key, conversation_id=conversation_id)
+        return [], [], None, await _conversation_choices(desk, key, t), gr.Timer(active=False)
+
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
@@ -391,6 +415,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
             new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation", size="sm")
             conversations = gr.Radio([], label=t["history"], elem_id="conversations")
+            with gr.Row(elem_id="pd-manage"):
+                new_title = gr.Textbox(placeholder=t["rename_placeholder"], show_label=False, container=False,
+                                       max_length=60, elem_id="new-title", scale=3)
+                rename_btn = gr.Button(t["rename"], elem_id="rename", size="sm", scale=1, min_width=64)
+            delete_btn = gr.Button(t["delete"], elem_id="delete", size="sm", variant="secondary")
         with gr.Column(elem_id="pd-header"):
             gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
             gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
@@ -468,6 +497,12 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                  "outputs": [chatbot, shown, conversation_id, conversations, person_timer]}
         new_btn.click(**fresh, **private)
         template.input(**fresh, **private)
+        rename_btn.click(rename, [new_title, conversation_id, session_key], [conversations, new_title], queue=False,
+                         **private)
+        delete_btn.click(delete, [conversation_id, session_key],
+                         [chatbot, shown, conversation_id, conversations, person_timer], queue=False, **private)
+        # The topics as published now, each time the customer opens the picker (a page opened before a publish).
+        template.focus(lambda: gr.update(choices=topics()), None, template, queue=False, **private)
         chatbot.clear(**fresh, **private)  # the chatbot's own trash icon starts a new conversation too
 
         # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
