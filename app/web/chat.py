@@ -393,7 +393,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                        request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
-            args = _api_args(message, history, template, conversation_id, tenant)
+            args = _api_args(message, history, template, conversation_id, tenant, API_TEXT[language])
             caller = caller_of(request)
             async for event in desk.answer(session_key=keys.api(request.session_hash), client=caller.address,
                                            template_name=args[2], message=args[0], history=args[1],
@@ -681,10 +681,10 @@ class ApiArgumentError(ValueError):
     """An argument of /chat that is not what it must be; the message (API_TEXT) says which and how."""
 
 
-def _api_args(message: Any, history: Any, template: Any, conversation_id: Any,
-              tenant: Any) -> tuple[str, list[Turn] | None, str, int | None]:
-    """The /chat arguments, strictly typed; raises ApiArgumentError saying which one is wrong and how."""
-    t = API_TEXT
+def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
+              t: dict) -> tuple[str, list[Turn] | None, str, int | None]:
+    """The /chat arguments, strictly typed; raises ApiArgumentError saying which one is wrong and how (``t``:
+    API_TEXT in the UI language)."""
     if not isinstance(message, str):
         raise ApiArgumentError(t["api_message"])
     if not isinstance(template, str) or not template:

@@ -175,13 +175,23 @@ TEXT = {
     },
 }
 
-# What the scriptable /chat tells developers: precise, with the names of its arguments.
+# What the scriptable /chat tells developers, in the UI language: precise, with the names of its arguments.
 API_TEXT = {
-    "api_message": "message must be a string.",
-    "api_template": "template must be the name of a published template (a string).",
-    "api_conversation": "conversation_id must be a positive integer or null.",
-    "api_history": "history must be a list of {role: user|assistant, content: string}, or null.",
-    "api_tenant": "Only the reverse proxy may name a tenant (PREFIXDESK_TENANT_HEADER); remove the tenant argument.",
+    "zh": {
+        "api_message": "message 必须是字符串。",
+        "api_template": "template 必须是已发布模板的名称（字符串）。",
+        "api_conversation": "conversation_id 必须是正整数或 null。",
+        "api_history": "history 必须是由 {role: user|assistant, content: 字符串} 组成的列表，或 null。",
+        "api_tenant": "租户只能由反向代理通过 PREFIXDESK_TENANT_HEADER 指定；请去掉 tenant 参数。",
+    },
+    "en": {
+        "api_message": "message must be a string.",
+        "api_template": "template must be the name of a published template (a string).",
+        "api_conversation": "conversation_id must be a positive integer or null.",
+        "api_history": "history must be a list of {role: user|assistant, content: string}, or null.",
+        "api_tenant": "Only the reverse proxy may name a tenant (PREFIXDESK_TENANT_HEADER); remove the tenant "
+                      "argument.",
+    },
 }
 
 MODEL_NAMES = {"qwen2.5-0.5b-demo": "Qwen2.5-Coder-0.5B-Instruct"}

@@ -78,7 +78,8 @@ def test_a_refused_message_leaves_the_conversation_as_it_was(server_url):
         key = output(run(client, server_url, load, ["", None], session))[0]
         refused = output(run(client, server_url, send, ["退" * 20_001, "电商客服", None, key, None], session))
         assert notices(refused[0]) == ["这条消息太长了（20001 字，最多 20000 字），请缩短或分成几条发送。"]
-        assert refused[1:] == [None, None, {"__type__": "update"}, {"__type__": "update"}, {"__type__": "update"}]
+        # The shown state and the open conversation as they were (none), the page's key, nothing for the box.
+        assert refused[1:] == [None, None, key, None]
         # The next question starts from the conversation as it was: empty, not the refused text.
         messages = run(client, server_url, send, [f"发票 {tag}", "电商客服", None, key, None], session)
         first = next(m for m in messages if m["msg"] == "process_generating")["output"]["data"][0]

@@ -45,7 +45,8 @@ def test_a_refusal_is_said_with_its_parameters_and_an_unknown_one_is_the_apology
         "This message is too long (20001 characters; at most 20000). Please shorten it or send it in parts.")
     assert refusal_text("no such code", {}, "zh") == TEXT["zh"]["refusals"]["internal"]
     assert refusal_text("rate", {}, "en") == TEXT["en"]["refusals"]["internal"]  # a parameter missing
-    assert set(API_TEXT) == {"api_message", "api_template", "api_conversation", "api_history", "api_tenant"}
+    assert API_TEXT["zh"].keys() == API_TEXT["en"].keys() == {"api_message", "api_template", "api_conversation",
+                                                              "api_history", "api_tenant"}
 
 
 def notices(page) -> list[str]:

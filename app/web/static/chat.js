@@ -13,7 +13,10 @@
     .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
   const start = (retry) => {
     if (!retry && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
-    const index = retry ? Math.max(answers().length - 1, 0) : answers().length;
+    // A notice alone in the last group (a refusal) gives way to the answer: the answer takes its place.
+    const groups = answers(), last = groups[groups.length - 1];
+    const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
+    const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
     delete state.byAnswer[index]; delete state.reported[index];
     state.pending = {t0: performance.now(), index, retry, bot: lastBot()};
   };
