@@ -3,7 +3,7 @@
 Drives chromium (Playwright) against a running server: each simulated customer has a page of their
 own, types a question and presses Enter; the page's own script (app/web/chat.py) records the time from
 Enter to the first glyph of the answer painted on screen. The engine's time to first token for the
-same answer comes from the caption under it (its title). Prints p50/p90 of both and of their
+same answer comes from the caption under it (its details). Prints p50/p90 of both and of their
 difference for each number of concurrent users and writes ``browser-glyph.json`` under ``--out``::
 
     python -m bench.browser --url http://127.0.0.1:7860/ --users 1,8 --rounds 10
@@ -48,8 +48,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 VIEWPORT = {"width": 1366, "height": 768}
 QUESTIONS = {"zh": "我刚买的手机屏幕碎了能退吗？", "en": "Can I return shoes I wore once?"}
-# The caption's title, always shown: "⚡ answered in 12 ms — …" / "⚡ 12 毫秒开始回答 · …" (the engine's first token).
-ENGINE_TTFT = re.compile(r"(?:answered in (\d+) ms|(\d+) 毫秒开始回答)")
+# The caption's details (its message's aria-label holds them while they are folded): "server began replying 12 ms"
+# / "服务器开始回复 12 毫秒" (the engine's first token).
+ENGINE_TTFT = re.compile(r"(?:server began replying (\d+) ms|服务器开始回复 (\d+) 毫秒)")
 READY_JS = "window.__pdGlyph && document.querySelector('#template input')?.value"
 ANSWER = "#chatbot .message.bot"
 
@@ -125,9 +126,10 @@ async def _customer(browser, url: str, users: int, user: int, rounds: int, warmu
         await box.press("Enter")
         title = page.locator(f"{ANSWER} .thought-group .title").first
         await title.wait_for(timeout=timeout_s * 1000)
-        # Read from the title, as a customer sees it: opening the details would change what is measured next
+        # Read from the folded caption's label: opening the details would change what is measured next
         # (Gradio re-renders an opened caption on the next update, ~0.9 s of script on this machine).
-        details = await title.inner_text()
+        details = await page.locator(f"{ANSWER} [data-testid=bot]:has(.thought-group)").first.get_attribute(
+            "aria-label") or ""
         await page.wait_for_function("window.__pdGlyph.byAnswer[0] !== undefined", timeout=5_000)
         glyph = await page.evaluate("window.__pdGlyph.byAnswer[0]")
         found = ENGINE_TTFT.search(details)

@@ -55,8 +55,8 @@ BROWSER_COOKIE = "pd_browser"  # the cookie app/web/sessions.py binds a session 
 MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
-CAPTION_TOKENS = re.compile(r"(\d+) / (\d+)")
-CAPTION_TTFT = re.compile(r"(?:engine first token|引擎首 token) (\d+) ms")
+CAPTION_TOKENS = re.compile(r"(\d+) ?/ ?(\d+)")  # the caption's details: what was read before, of the prompt
+CAPTION_TTFT = re.compile(r"(?:server began replying|服务器开始回复|engine first token|引擎首 token) (\d+)")
 
 
 class ChatPageError(RuntimeError):

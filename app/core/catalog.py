@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.core.prompts import PromptBuilder, system_text
+from app.core.refusals import Refused
 from app.db import Database
 from app.db import templates as db_templates
 from app.db.rows import TemplateInfo
@@ -28,10 +29,9 @@ POLL_INTERVAL_S = 2.0
 MAX_OTHER_VERSIONS = 64  # versions neither published nor a candidate that conversations still use
 
 
-class TemplateNotFound(LookupError):
+class TemplateNotFound(Refused, LookupError):
     def __init__(self, name: str, available: Sequence[str]):
-        shown = ", ".join(available) or "none"
-        super().__init__(f"There is no published template named {name!r}. Choose one of: {shown}.")
+        super().__init__(self._refuse("no_template", {"name": name, "shown": ", ".join(available) or "none"}))
         self.name = name
 
 

@@ -21,12 +21,14 @@ import logging
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from functools import partial
 
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
 from app.core.limits import ClientLimiter, RateLimited
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
+from app.core.refusals import Refused, english
 from app.core.routing import routing_key
 from app.core.session_keys import MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
@@ -44,11 +46,24 @@ INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (
 STOPPED = "stopped before the answer was complete"
 PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
 WITH_PERSON = "with_person"  # the status of a turn a person answers (no answer row is stored for it)
+MAX_FIRST_VISIBLE_MS = 600_000  # a browser's first-text measure beyond ten minutes is no measure
+FIRST_VISIBLE_WITHIN = timedelta(minutes=10)  # how late a browser may still report an answer's first text
+# What a template tells the model to write when only a person can help: a finished answer that holds it hands
+# the conversation to a person (the model answers it no more until an operator releases it).
+PERSON_MARKERS = ("【转人工】", "[[person]]")
 PERSON_NOTICE = "A person is answering this conversation; their reply will appear here."
 
 
-class DeskInputError(ValueError):
-    """The request cannot be answered as sent; the message tells the user what to do."""
+class DeskInputError(Refused, ValueError):
+    """The request cannot be answered as sent: ``code`` and ``params`` say why (app/core/refusals.py), for the
+    chat to say in the customer's language; the message is the precise English for the APIs."""
+
+    def __init__(self, code: str, **params):
+        super().__init__(self._refuse(code, params))
+
+    @classmethod
+    def of(cls, refusal: Refused) -> DeskInputError:
+        return cls(refusal.code, **refusal.params)
 
 
 @dataclass(frozen=True)
@@ -128,9 +143,9 @@ class Desk:
         try:
             template = self.catalog.get(name)
         except TemplateNotFound as exc:
-            raise DeskInputError(str(exc)) from None
+            raise DeskInputError.of(exc) from None
         if template.internal:
-            raise DeskInputError(str(TemplateNotFound(name, [t.name for t in self.catalog.customer_facing()])))
+            raise DeskInputError.of(TemplateNotFound(name, [t.name for t in self.catalog.customer_facing()]))
         return template
 
     async def build_prompt(self, template: TemplateInfo, history: Sequence[Turn], message: str) -> Prompt:
@@ -145,14 +160,13 @@ class Desk:
         rate (a refused message costs its sender a turn like any other, so a flood of them stops at the
         limit), then its size, all checked before the text is even cleaned. Raises DeskInputError."""
         if not isinstance(message, str):
-            raise DeskInputError("The message must be text.")
+            raise DeskInputError("not_text")
         self._check_rate(client)
         if len(message) > MAX_MESSAGE_CHARS:
-            raise DeskInputError(f"This message has {len(message):,} characters; the limit is "
-                                 f"{MAX_MESSAGE_CHARS:,}. Please shorten it or split it into several messages.")
+            raise DeskInputError("message_chars", chars=len(message), limit=MAX_MESSAGE_CHARS)
         text = clean_text(message).strip()
         if not text:
-            raise DeskInputError("Please type a question before sending.")
+            raise DeskInputError("empty")
         return Admitted(client, text)
 
     async def answer(
@@ -179,31 +193,32 @@ class Desk:
         assert admitted.client == client, "a message admitted for another client"
         message = admitted.text
         if not 0 < len(session_key) <= MAX_SESSION_KEY_CHARS:
-            raise DeskInputError("This session is not valid; reload the page and send the message again.")
+            raise DeskInputError("session")
         if history is not None:
             history = check_history(history)
         template = self.customer_template(template_name)
         if conversation_id is not None:
             state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
             if state is None or state.session_key != session_key:
-                raise DeskInputError("That conversation does not exist here; please start a new one.")
+                raise DeskInputError("no_conversation")
             template = await self._on_version(template, state.template_version_id)
             if history is None:
                 history = await self._stored_turns(conversation_id)
         # A new conversation's arm of a live split is drawn from its id, in the transaction that creates it.
         arm = partial(split_version, template) if conversation_id is None and template.candidate_version_id else None
         try:
-            turn = await self.db.write(
+            turn = await self._begin(
                 db_conversations.begin_turn, session_key=session_key, conversation_id=conversation_id,
                 template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant,
                 arm=arm)
         except StoreError as exc:
-            raise DeskInputError(f"Your message could not be saved, so it was not sent: {exc}.") from None
+            raise DeskInputError("not_saved", detail=str(exc)) from None
         if turn.answer_id is None:
             yield _with_person(turn.conversation_id, turn.user_message_id, turn.template_version_id, turn.handoff)
             return
         template = await self._on_version(template, turn.template_version_id)
         async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
+                                          session_key=session_key,
                                           max_tokens=max_tokens, ignore_eos=ignore_eos):
             yield event
 
@@ -212,24 +227,56 @@ class Desk:
         """Answer the last question of a stored conversation again; the new answer replaces the old."""
         template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
         if template_name is None:
-            raise DeskInputError("That conversation does not exist here; please start a new one.")
+            raise DeskInputError("no_conversation")
         template = self.customer_template(template_name)
         self._check_rate(client)
         state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
         template = await self._on_version(template, state.template_version_id if state else None)
         try:
-            turn = await self.db.write(db_conversations.begin_retry, session_key=session_key,
+            turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
                                        conversation_id=conversation_id, template_version_id=template.version_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
             return
-        except LookupError as exc:
-            raise DeskInputError(str(exc)) from None
+        except db_conversations.NotYours:
+            raise DeskInputError("no_conversation") from None
+        except LookupError:
+            raise DeskInputError("nothing_to_retry") from None
         except StoreError as exc:
-            raise DeskInputError(f"The answer could not be retried: {exc}.") from None
+            raise DeskInputError("not_retried", detail=str(exc)) from None
         turns = await self._stored_turns(conversation_id)
         question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
-        async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant):
+        async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant,
+                                          session_key=session_key):
+            yield event
+
+    async def continue_answer(self, *, session_key: str, client: str, conversation_id: int,
+                              tenant: str = "") -> AsyncIterator[Progress | Finished]:
+        """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
+        with the answer so far (no new question), and the stored row gets the whole text."""
+        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
+        if template_name is None:
+            raise DeskInputError("no_conversation")
+        template = self.customer_template(template_name)
+        self._check_rate(client)
+        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
+        template = await self._on_version(template, state.template_version_id if state else None)
+        try:
+            turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
+                                              conversation_id=conversation_id)
+        except db_conversations.WithPerson as exc:
+            yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
+            return
+        except db_conversations.NotYours:
+            raise DeskInputError("no_conversation") from None
+        except db_conversations.NothingToContinue:
+            raise DeskInputError("nothing_to_continue") from None
+        except StoreError as exc:
+            raise DeskInputError("not_retried", detail=str(exc)) from None
+        template = await self._on_version(template, turn.template_version_id)
+        turns = await self._stored_turns(conversation_id)  # the reopened answer is "generating": not among them
+        async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial,
+                                          session_key=session_key):
             yield event
 
     async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
@@ -245,25 +292,88 @@ class Desk:
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
 
+    async def first_visible(self, *, session_key: str, conversation_id: int, ms: float) -> MessageRow | None:
+        """Keep the browser's measure of when the last answer of this browser's conversation first showed on its
+        screen (``ms``: checked by the caller, 0 < ms <= MAX_FIRST_VISIBLE_MS), for an answer begun in the last
+        FIRST_VISIBLE_WITHIN and not reported before. The answer as the customer sees it, or None."""
+        try:
+            row = await self.db.write(db_conversations.first_visible_of_last, session_key=session_key,
+                                      conversation_id=conversation_id, ms=ms, since=utcnow() - FIRST_VISIBLE_WITHIN)
+        except (db_conversations.NotYours, StoreError):
+            return None
+        if row is None:
+            return None
+        header = await self._read(db_conversations.header, conversation_id=conversation_id)
+        return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
+
+    async def request_person(self, *, session_key: str, conversation_id: int) -> bool:
+        """Hand this browser's conversation to a person; False when it is not theirs or already waits for one."""
+        try:
+            return await self.db.write(db_conversations.request_person, session_key=session_key,
+                                       conversation_id=conversation_id)
+        except (db_conversations.NotYours, StoreError):
+            return False
+
+    async def rename(self, *, session_key: str, conversation_id: int, title: object) -> bool:
+        """Give this browser's conversation a title of its customer's (1 to 60 characters once cleaned)."""
+        text = clean_text(title).strip() if isinstance(title, str) and len(title) <= 200 else ""
+        if not 0 < len(text) <= db_conversations.TITLE_CHARS:
+            return False
+        try:
+            await self.db.write(db_conversations.rename, session_key=session_key, conversation_id=conversation_id,
+                                title=text)
+        except (db_conversations.NotYours, StoreError):
+            return False
+        return True
+
+    async def delete(self, *, session_key: str, conversation_id: int) -> bool:
+        """Take this browser's conversation off its list (the record stays for the operators)."""
+        try:
+            await self.db.write(db_conversations.delete, session_key=session_key, conversation_id=conversation_id)
+        except (db_conversations.NotYours, StoreError):
+            return False
+        return True
+
+    async def handoff(self, *, session_key: str, conversation_id: int) -> str | None:
+        """"" (the model answers), "waiting" or "person" for this browser's conversation; None if not theirs."""
+        header = await self._read(db_conversations.header, conversation_id=conversation_id)
+        if header is None or header.session_key != session_key:
+            return None
+        return await self._read(db_conversations.handoff_of, conversation_id=conversation_id)
+
+    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "") -> bool:
+        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers."""
+        try:
+            await self.db.write(db_conversations.rate, session_key=session_key, message_id=message_id,
+                                thumbs=thumbs, reason=clean_text(reason).strip())
+        except (db_conversations.NotYours, StoreError, ValueError):
+            return False
+        return True
+
     async def messages_after(self, *, session_key: str, conversation_id: int, after_id: int) -> list[MessageRow]:
         """This browser's conversation's finished messages after ``after_id`` (a person's replies, polled)."""
         try:
             return await self._read(db_conversations.messages_after, session_key=session_key,
                                     conversation_id=conversation_id, after_id=after_id)
-        except db_conversations.NotYours as exc:
-            raise DeskInputError(str(exc)) from None
+        except db_conversations.NotYours:
+            raise DeskInputError("no_conversation") from None
 
     # -- internals ---------------------------------------------------------------------------
 
     async def _generate(self, turn: TurnIds, template: TemplateInfo, history: Sequence[Turn], message: str, *,
                         client: str, tenant: str, max_tokens: int | None = None,
-                        ignore_eos: bool = False) -> AsyncIterator[Progress | Finished]:
-        text = ""
+                        ignore_eos: bool = False, continued: str = "",
+                        session_key: str = "") -> AsyncIterator[Progress | Finished]:
+        """``continued``: the answer so far, which this generation goes on with (continue_answer). A finished
+        answer that asks for a person (PERSON_MARKERS) hands the conversation to one."""
+        text = continued
         result: AnswerResult | None = None
         dropped = 0
         try:
             with self.limiter.stream(client):
-                prompt = await self.build_prompt(template, history, message)
+                prompt = (await self.build_prompt(template, history, message) if not continued else
+                          await asyncio.to_thread(self.prompts.build_continuation, system_text(template.chain),
+                                                  list(history), continued))
                 dropped = prompt.dropped_turns
                 budget = min(prompt.max_tokens, max_tokens or prompt.max_tokens)
                 key = routing_key(template.family, shards=self.family_shards, shard_seed=str(turn.conversation_id))
@@ -284,27 +394,28 @@ class Desk:
                         elif isinstance(event, RequestStats):
                             status, error = ("stopped", STOPPED) if event.finish_reason == "abort" else ("ok", None)
                             result = _result(text, status, error, event)
-        except RateLimited as exc:
-            result = AnswerResult(text="", status="error", error=str(exc))
-        except PromptError as exc:
-            result = AnswerResult(text="", status="error", error=str(exc))
+        except (RateLimited, PromptError) as exc:  # (text: a continued answer's text so far stays)
+            result = _failed(text, exc.code, **exc.params)
         except EngineBusy as exc:
-            result = AnswerResult(text="", status="error", error=f"The help desk is busy right now: {exc}.")
+            result = _failed(text, "busy", detail=str(exc))
         except EngineRejected as exc:
-            result = AnswerResult(text="", status="error", error=f"This request could not be answered: {exc}.")
+            result = _failed(text, "rejected", detail=str(exc))
         except EngineError as exc:
-            result = AnswerResult(text=text, status="error", error=f"The answer broke off: {exc}.")
+            result = _failed(text, "broke_off", detail=str(exc))
         except (asyncio.CancelledError, GeneratorExit):
             await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
             raise
         except Exception:
             # An unexpected exception is on its way up; the answer row must not stay "generating".
-            await self._finish(turn.answer_id, AnswerResult(
-                text=text, status="error", error="internal error; the answer was not completed"))
+            await self._finish(turn.answer_id, _failed(text, "internal"))
             raise
         stored = await self._finish(turn.answer_id, result)
+        handoff = ""
+        if stored.status == "ok" and asks_for_person(stored.text) and session_key:
+            handoff = "waiting" if await self.request_person(session_key=session_key,
+                                                             conversation_id=turn.conversation_id) else ""
         yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
-                       dropped)
+                       dropped, handoff=handoff)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
         """``template`` at a conversation's own version (None: the published one)."""
@@ -312,17 +423,33 @@ class Desk:
             return template
         return await self.catalog.version(template, version_id)
 
+    async def _begin(self, fn, **kwargs) -> TurnIds:
+        """The turn's rows (``fn`` is begin_turn or begin_retry), written to the end even when a Stop cancels
+        the wait for them: the answer row of a question that was stored is then finished as stopped, never
+        left "generating"."""
+        write = asyncio.ensure_future(self.db.write(fn, **kwargs))
+        try:
+            return await asyncio.shield(write)
+        except asyncio.CancelledError:
+            await asyncio.wait({write})
+            if not write.cancelled() and write.exception() is None:
+                # begin_continue also returns the answer's text so far: a stopped continuation keeps it.
+                turn, text = write.result() if isinstance(write.result(), tuple) else (write.result(), "")
+                if turn.answer_id is not None:
+                    await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+            raise
+
     def _check_rate(self, client: str) -> None:
         try:
             self.limiter.check_rate(client)
         except RateLimited as exc:
-            raise DeskInputError(str(exc)) from None
+            raise DeskInputError.of(exc) from None
 
     async def _read(self, fn, **kwargs):
         try:
             return await self.db.read(fn, **kwargs)
         except StoreError as exc:
-            raise DeskInputError(f"The conversation could not be read: {exc}.") from None
+            raise DeskInputError("unreadable", detail=str(exc)) from None
 
     async def _stored_turns(self, conversation_id: int) -> list[Turn]:
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
@@ -347,15 +474,18 @@ def _with_person(conversation_id: int, message_id: int, version_id: int | None, 
     return Finished(notice, notice, handoff=handoff)
 
 
+def asks_for_person(text: str) -> bool:
+    """Whether a finished answer asks for a person (PERSON_MARKERS)."""
+    return any(marker in text for marker in PERSON_MARKERS)
+
+
 def check_history(history: Sequence[Turn]) -> list[Turn]:
     """Clean and bound a client's history before any work; raises DeskInputError past the limits."""
     if len(history) > MAX_HISTORY_MESSAGES:
-        raise DeskInputError(f"The history has {len(history):,} messages; the limit is {MAX_HISTORY_MESSAGES}. "
-                             "Send only the recent ones, or start a new conversation.")
+        raise DeskInputError("history_messages", count=len(history), limit=MAX_HISTORY_MESSAGES)
     size = sum(len(t.text) for t in history)
     if size > MAX_HISTORY_CHARS:
-        raise DeskInputError(f"The history has {size:,} characters; the limit is {MAX_HISTORY_CHARS:,}. "
-                             "Send only the recent messages, or start a new conversation.")
+        raise DeskInputError("history_chars", chars=size, limit=MAX_HISTORY_CHARS)
     turns = []
     for t in history:
         text = clean_text(t.text).strip()
@@ -374,6 +504,11 @@ def clean_text(text: str) -> str:
 def _for_customer(m: MessageRow, shared_tokens: int, *, own_namespace: bool) -> MessageRow:
     shown = shown_cached_tokens(m.num_cached_tokens, shared_tokens=shared_tokens, own_namespace=own_namespace)
     return m if shown == m.num_cached_tokens else replace(m, num_cached_tokens=shown)
+
+
+def _failed(text: str, code: str, **params) -> AnswerResult:
+    """A failed answer: the English for the operators, the code for the customer's own words."""
+    return AnswerResult(text=text, status="error", error=english(code, **params), error_code=code)
 
 
 def _result(text: str, status: str, error: str | None, stats: RequestStats) -> AnswerResult:

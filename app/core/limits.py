@@ -11,15 +11,17 @@ import collections
 import time
 from collections.abc import Callable
 
+from app.core.refusals import Refused
+
 WINDOW_S = 60.0
 PRUNE_EVERY = 256  # calls between sweeps of idle keys
 
 
-class RateLimited(Exception):
-    """A client exceeded a limit; the message says how long to wait or what to do."""
+class RateLimited(Refused, Exception):
+    """A client exceeded a limit (code "rate" or "streams"); the message says how long to wait or what to do."""
 
-    def __init__(self, message: str, *, retry_after_s: int):
-        super().__init__(message)
+    def __init__(self, code: str, *, retry_after_s: int, **params):
+        super().__init__(self._refuse(code, params))
         self.retry_after_s = retry_after_s
 
 
@@ -45,16 +47,14 @@ class ClientLimiter:
             sent.popleft()
         if len(sent) >= self.per_minute:
             wait_s = int(sent[0] + WINDOW_S - now) + 1
-            raise RateLimited(f"You are sending messages faster than {self.per_minute} a minute; "
-                              f"please wait {wait_s} s and send again.", retry_after_s=wait_s)
+            raise RateLimited("rate", retry_after_s=wait_s, per_minute=self.per_minute, wait_s=wait_s)
         sent.append(now)
 
     def stream(self, key: str) -> StreamSlot:
         """Take one of ``key``'s concurrent answers (release it, or use it as a context manager);
         raises RateLimited past ``concurrent``."""
         if self.concurrent and self._open[key] >= self.concurrent:
-            raise RateLimited(f"You already have {self._open[key]} answers in progress; the limit is "
-                              f"{self.concurrent}. Wait for one to finish, then send again.", retry_after_s=1)
+            raise RateLimited("streams", retry_after_s=1, open=self._open[key], limit=self.concurrent)
         self._open[key] += 1
         return StreamSlot(self, key)
 

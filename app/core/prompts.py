@@ -22,23 +22,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from app.core.refusals import Refused
+
 PARENT_SEPARATOR = "\n\n"
 MIN_ANSWER_TOKENS = 16
 
 
-class PromptError(ValueError):
-    """The prompt cannot be built; the message says what the user or operator should do."""
+class PromptError(Refused, ValueError):
+    """The prompt cannot be built (``code``: app/core/refusals.py); the message says what the user or operator
+    should do."""
+
+    def __init__(self, code: str, **params):
+        super().__init__(self._refuse(code, params))
 
 
 class PromptTooLong(PromptError):
-    def __init__(self, message: str, *, num_tokens: int, limit: int):
-        super().__init__(message)
+    def __init__(self, code: str, *, num_tokens: int, limit: int):
+        super().__init__(code, num_tokens=num_tokens, limit=limit, over=num_tokens - limit)
         self.num_tokens = num_tokens
         self.limit = limit
 
 
 class PrefixUnstable(PromptError):
     """The model's chat template puts something variable before or inside the system prompt."""
+
+    def __init__(self) -> None:
+        super().__init__("prefix_unstable")
 
 
 @dataclass(frozen=True)
@@ -96,10 +105,7 @@ class PromptBuilder:
         for probe in ("a", "b"):
             full = self._render([{"role": "system", "content": system}, {"role": "user", "content": probe}])
             if not full.startswith(segment):
-                raise PrefixUnstable(
-                    "the model's chat template renders the system prompt differently from request to "
-                    "request, so it can never be cached; use a chat template without dates or defaults"
-                )
+                raise PrefixUnstable()
         return tuple(self._encode(segment))
 
     def content_ids(self, text: str) -> list[int]:
@@ -120,14 +126,31 @@ class PromptBuilder:
         return Prompt(token_ids=ids, prefix_tokens=len(prefix), dropped_turns=dropped,
                       max_tokens=min(self.max_tokens, self.max_model_len - len(ids)))
 
+    def build_continuation(self, system: str, history: Sequence[Turn], partial: str) -> Prompt:
+        """Token ids that go on with ``partial``, the conversation's last answer, as the same answer: ``system``
+        + ``history`` (ending with its question), then the answer's own opening and its text so far, with no end
+        of turn and no new question (what transformers calls continue_final_message). Raises PromptTooLong when
+        it does not fit, PromptError("not_continuable") for a chat template that does not frame messages."""
+        if not self.framed:
+            raise PromptError("not_continuable")
+        prefix = list(self.prefix_ids(system))
+        pre, _ = self._frame("assistant")
+        tail = [*pre, *self.content_ids(partial)]
+        turns = [Turn(t.role, t.text.strip()) for t in history]
+        ids, dropped = self._fit_framed(system, prefix, turns, "", tail=tail)
+        return Prompt(token_ids=ids, prefix_tokens=len(prefix), dropped_turns=dropped,
+                      max_tokens=min(self.max_tokens, self.max_model_len - len(ids)))
+
     # -- fitting -----------------------------------------------------------------------------
 
     @property
     def _limit(self) -> int:
         return self.max_model_len - MIN_ANSWER_TOKENS
 
-    def _fit_framed(self, system: str, prefix: list[int], turns: list[Turn], message: str) -> tuple[list[int], int]:
-        tail = self._message_ids("user", message) + self._generation_ids()
+    def _fit_framed(self, system: str, prefix: list[int], turns: list[Turn], message: str, *,
+                    tail: list[int] | None = None) -> tuple[list[int], int]:
+        """``tail``: what ends the prompt in place of ``message`` as a new question (a continued answer)."""
+        tail = tail if tail is not None else self._message_ids("user", message) + self._generation_ids()
         budget = self._limit - len(prefix) - len(tail)
         if budget < 0:
             self._too_long_message(len(prefix) + len(tail))
@@ -175,19 +198,10 @@ class PromptBuilder:
         return ids_from(start), _exchanges(turns[:start])
 
     def _too_long_message(self, num_tokens: int) -> None:
-        over = num_tokens - self._limit
-        raise PromptTooLong(
-            f"This message is too long: with the system prompt it needs {num_tokens:,} tokens, "
-            f"{over:,} more than the {self._limit:,} this model allows. Please shorten it.",
-            num_tokens=num_tokens, limit=self._limit,
-        )
+        raise PromptTooLong("message_too_long", num_tokens=num_tokens, limit=self._limit)
 
     def _too_long_conversation(self, num_tokens: int) -> None:
-        raise PromptTooLong(
-            f"This conversation is too long for the model ({num_tokens:,} tokens, limit {self._limit:,}). "
-            "Please start a new conversation.",
-            num_tokens=num_tokens, limit=self._limit,
-        )
+        raise PromptTooLong("conversation_too_long", num_tokens=num_tokens, limit=self._limit)
 
     # -- rendering ---------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ customer's ``session_key`` and acts only on conversations it owns.
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -137,7 +138,7 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     the conversation is not this browser's or has no question to answer again."""
     conv = s.get(Conversation, conversation_id)
     if conv is None or conv.session_key != session_key:
-        raise LookupError("That conversation does not exist here; please start a new one.")
+        raise NotYours()
     rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
                                            Message.status != "replaced").order_by(Message.id)).all()
     last_user = next((m for m in reversed(rows) if m.role == "user"), None)
@@ -155,11 +156,37 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     return TurnIds(conversation_id, last_user.id, answer.id, template_version_id)
 
 
+class NothingToContinue(LookupError):
+    """The conversation's last answer was not cut off at its budget."""
+
+
+def begin_continue(s: Session, *, session_key: str, conversation_id: int) -> tuple[TurnIds, str]:
+    """Reopen the conversation's last answer, cut off at its budget, to go on with it as the same answer: its
+    row goes back to ``generating`` (finish_answer stores the whole text). Returns the turn and the text so
+    far. Raises NotYours, NothingToContinue, or WithPerson while a person answers."""
+    conv = s.get(Conversation, conversation_id)
+    if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
+        raise NotYours()
+    last = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.status != "replaced")
+                     .order_by(Message.id.desc()).limit(1)).first()
+    if (last is None or last.role != "assistant" or last.author or last.status != "ok"
+            or last.finish_reason != "length"):
+        raise NothingToContinue("the last answer was not cut off")
+    question = s.scalar(select(func.max(Message.id)).where(Message.conversation_id == conversation_id,
+                                                          Message.role == "user"))
+    if conv.handoff:
+        raise WithPerson(conv.handoff, question or last.id)
+    last.status = "generating"
+    s.flush()
+    return TurnIds(conversation_id, question or 0, last.id, last.template_version_id), last.text
+
+
 def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> MessageRow:
     m = s.get_one(Message, message_id)
     m.text = result.text
     m.status = result.status
     m.error = result.error
+    m.error_code = result.error_code
     m.prompt_tokens = result.prompt_tokens
     m.num_cached_tokens = result.num_cached_tokens
     m.ttft_ms = result.ttft_ms
@@ -197,6 +224,21 @@ def set_first_visible(s: Session, *, session_key: str, message_id: int, ms: floa
     m = _own_answer(s, session_key, message_id)
     if m.first_visible_ms is None:
         m.first_visible_ms = round(ms, 1)
+
+
+def first_visible_of_last(s: Session, *, session_key: str, conversation_id: int, ms: float,
+                          since: datetime) -> MessageRow | None:
+    """Keep ``ms`` as when the conversation's last answer first showed on its customer's screen: only a model's
+    answer (no person's), finished, begun after ``since``, not reported before. The answer, or None."""
+    _own(s, session_key, conversation_id)
+    m = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.role == "assistant",
+                                        Message.status != "replaced").order_by(Message.id.desc()).limit(1)).first()
+    if (m is None or m.author or m.status not in ("ok", "stopped") or m.first_visible_ms is not None
+            or m.created_at < since):
+        return None
+    m.first_visible_ms = round(ms, 1)
+    s.flush()
+    return _row(m)
 
 
 def rename(s: Session, *, session_key: str, conversation_id: int, title: str) -> None:
@@ -303,4 +345,5 @@ def _row(m: Message, rating: Rating | None = None) -> MessageRow:
         decode_tokens_per_s=m.decode_tokens_per_s, replica=m.replica, created_at=m.created_at,
         finish_reason=m.finish_reason, author=m.author, first_visible_ms=m.first_visible_ms,
         rating=rating.thumbs if rating else None, rating_reason=rating.reason if rating else "",
+        error_code=m.error_code or "",
     )

@@ -107,6 +107,8 @@ class Message(Base):
     # user messages: ok. answers: generating -> ok | stopped | error
     status: Mapped[str] = mapped_column(String(16), default="ok")
     error: Mapped[str | None] = mapped_column(Text)
+    # Why an answer failed, as a code the chat says in the customer's words (app/core/refusals.py); "" if it did not.
+    error_code: Mapped[str] = mapped_column(String(40), default="")
     replica: Mapped[str | None] = mapped_column(String(200))  # the engine replica that answered (remote engine)
     # The model's finish reason: stop, length (cut off at the answer budget) or abort; None for user messages.
     finish_reason: Mapped[str | None] = mapped_column(String(16))

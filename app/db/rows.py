@@ -66,6 +66,7 @@ class MessageRow:
     first_visible_ms: float | None = None  # as the customer's browser measured it
     rating: int | None = None  # the customer's thumbs: +1, -1, or None
     rating_reason: str = ""
+    error_code: str = ""  # why an answer failed, for the customer's own words (app/core/refusals.py)
 
     @property
     def cut_off(self) -> bool:
@@ -105,6 +106,7 @@ class AnswerResult:
     decode_tokens_per_s: float | None = None
     replica: str | None = None
     finish_reason: str | None = None
+    error_code: str = ""
 
 
 @dataclass(frozen=True)

@@ -22,39 +22,60 @@ after the answer, by a short event of its own (which also hands a refused messag
 from __future__ import annotations
 
 import asyncio
+import functools
+import logging
 import html
 import inspect
+import json
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from app.core.callers import ProxyTrust, TenantRefused
-from app.core.desk import MAX_MESSAGE_CHARS, Desk, DeskInputError, Finished, Progress
+from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, WITH_PERSON, Desk, DeskInputError, Finished,
+                           Progress)
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
-from app.db.rows import MessageRow
+from app.db.models import utcnow
+from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
-from app.web.chat_text import TEXT, caption_details, caption_title
+from app.core.refusals import Refused
+from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
 
+PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
 STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
+STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 # Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
 UI_UPDATE_INTERVAL_S = 0.1
 # Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
 # its inputs and calling the server, and not at all when the event is skipped because an answer still streams).
+# The question is kept in the browser until the page shows it (static/chat.js: a lost connection gives it back).
 CLEAR_BOX_JS = """(...inputs) => {
   const box = document.querySelector('#message textarea');
-  if (box) { box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true})); }
+  if (box) {
+    try { localStorage.setItem('prefixdesk-sending', box.value); localStorage.removeItem('prefixdesk-draft'); }
+    catch (e) {}
+    box.value = ''; box.dispatchEvent(new Event('input', {bubbles: true}));
+  }
   return inputs;
 }"""
 
+log = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
 # The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
 JS = (STATIC / "chat.js").read_text(encoding="utf-8")
+
+
+def page_js(language: str) -> str:
+    """The page's script with the texts it shows itself, in the UI language."""
+    t = TEXT[language]
+    return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in ("offline", "offline_title", "cut_off", "notice")}))
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,
@@ -73,22 +94,62 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         peer = request.client.host if request is not None and request.client else None
         return trust.caller(peer, headers)
 
+    def topics() -> list[str]:
+        return [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
+               [tpl.name for tpl in desk.catalog.customer_facing()]
+
     def picker() -> dict:
-        names = [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
-                [tpl.name for tpl in desk.catalog.customer_facing()]
+        names = topics()
         return gr.update(choices=names, value=names[0] if names else None)
 
+    def say(exc: Exception) -> str:
+        """A refusal in the customer's words (a caller the proxy settings refuse: the general apology)."""
+        if isinstance(exc, Refused):
+            return refusal_text(exc.code, exc.params, language)
+        return t["internal"]
+
     def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "") -> tuple:
-        """The screen after a refusal: the conversation as it was with the notice, the shown state as it was,
-        and ``message`` to hand back to the box (one the box could hold; anything larger is nobody's typing)."""
+        """The screen after a refusal: the conversation as it was with the notice (which so replaces an earlier
+        notice, never stacks on it), the shown state as it was, and ``message`` to hand back to the box (one the
+        box could hold; anything larger is nobody's typing)."""
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
         return shown + [_notice(text, t)], shown, conversation_id, session_key, back
 
-    async def on_load(session_key: str):
+    async def stored(key: str, conversation_id: int | None) -> tuple[list[dict], list[MessageRow]] | None:
+        """The shown messages of a conversation this browser owns, and its rows; None when it has none such."""
+        rows = None if conversation_id is None else await desk.conversation(session_key=key,
+                                                                            conversation_id=conversation_id)
+        return None if rows is None else (_history_messages(rows, t, language), rows)
+
+    def watch(now: ConversationRow | None, rows: list[MessageRow]) -> tuple:
+        """(timer, last seen id): the page polls for a person's replies only while one has the conversation."""
+        return gr.Timer(active=bool(now and now.handoff)), max((m.id for m in rows), default=0)
+
+    def with_handoff(messages: list[dict], now: ConversationRow) -> list[dict]:
+        if now.handoff:
+            messages = messages + [_notice(t["waiting_person" if now.handoff == "waiting" else "with_person"], t)]
+        return messages
+
+    @_calm(8)
+    async def on_load(session_key: str, open_id: Any):
+        """(session key, picker, sidebar, chatbot, shown, open conversation, timer, seen): the page as it was
+        left — the conversation it had open (kept in the browser) shown again, after a reload or a server
+        restart alike."""
         key = keys.browser(session_key)
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
-            return keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"])
-        return key, picker(), await _conversation_choices(desk, key, t)
+            return (keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"]),
+                    [], [], None, gr.Timer(active=False), 0)
+        open_id = _conversation_id(open_id)
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == open_id), None)
+        found = await stored(key, open_id) if now is not None else None
+        choose = picker()
+        if found is None:
+            return key, choose, _choices(listed, t), [], [], None, gr.Timer(active=False), 0
+        if now.template in (choose.get("choices") or []):
+            choose["value"] = now.template
+        messages = with_handoff(found[0], now)
+        return (key, choose, _choices(listed, t, open_id), messages, messages, open_id, *watch(now, found[1]))
 
     async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = ""):
         """(chatbot, shown, conversation id, session key, returned) while the desk's ``events`` run: the
@@ -100,13 +161,17 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
-            yield refused(shown, str(exc), conversation_id, session_key, restore)
+            yield refused(shown, say(exc), conversation_id, session_key, restore)
+        except Exception:  # never Gradio's red "Error" over the chat: the stored conversation stays as it was
+            log.exception("the chat's answer failed")
+            yield refused(shown, t["internal"], conversation_id, session_key, restore)
         finally:
             await events.aclose()
 
-    async def send(message: Any, template: str, conversation_id: int | None, session_key: str, shown: list,
+    async def send(message: Any, template: str, conversation_id: Any, session_key: str, shown: list,
                    request: gr.Request):
         shown = list(shown or [])
+        conversation_id = _conversation_id(conversation_id)
         if message is None or (isinstance(message, str) and not message.strip()):
             yield refused(shown, t["empty"], conversation_id, session_key)
             return
@@ -114,12 +179,15 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             caller = caller_of(request)
             admitted = desk.admit(client=caller.address, message=message)
         except (TenantRefused, DeskInputError) as exc:
-            yield refused(shown, str(exc), conversation_id, session_key, message)
+            yield refused(shown, say(exc), conversation_id, session_key, message)
             return
         key = keys.browser(session_key)
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
             yield refused([], t["expired"], None, keys.mint_browser(), message)
             return
+        if conversation_id is not None and not shown:  # a server that forgot this page: the screen from the store
+            found = await stored(key, conversation_id)
+            shown = found[0] if found else []
         events = desk.answer(session_key=key, client=caller.address,
                              template_name=template if isinstance(template, str) else "", message=admitted,
                              conversation_id=conversation_id, tenant=caller.tenant)
@@ -127,8 +195,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         async for update in on_screen(shown, base, conversation_id, key, events, restore=message):
             yield update
 
-    async def retry(conversation_id: int | None, session_key: str, shown: list, request: gr.Request):
+    async def answer_again(conversation_id: Any, session_key: str, shown: list, request: gr.Request, *,
+                           go_on: bool):
+        """Retry (a new answer to the last question) or Continue (``go_on``: the cut-off last answer goes on)."""
         shown = list(shown or [])
+        conversation_id = _conversation_id(conversation_id)
         key = keys.browser(session_key)
         if conversation_id is None or key is None:
             yield refused(shown, t["nothing_to_retry"], conversation_id, session_key)
@@ -136,57 +207,194 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         try:
             caller = caller_of(request)
         except TenantRefused as exc:
-            yield refused(shown, str(exc), conversation_id, session_key)
+            yield refused(shown, say(exc), conversation_id, session_key)
             return
         rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
+        if not shown:
+            shown = _history_messages(rows, t, language)
         last_user = max((i for i, m in enumerate(rows) if m.role == "user"), default=None)
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
-        events = desk.retry(session_key=key, client=caller.address, conversation_id=conversation_id,
-                            tenant=caller.tenant)
+        run = desk.continue_answer if go_on else desk.retry
+        events = run(session_key=key, client=caller.address, conversation_id=conversation_id, tenant=caller.tenant)
         async for update in on_screen(shown, base, conversation_id, key, events):
             yield update
 
-    async def after_answer(session_key: str, returned: str):
-        """The sidebar's list once an answer is stored, and a refused message back in the box."""
-        key = keys.browser(session_key)
-        choices = await _conversation_choices(desk, key, t) if key else gr.update(
-            choices=[], value=None, label=t["no_conversations"])
-        if not returned:
-            return choices, gr.skip(), gr.skip()
-        return choices, returned, ""
+    async def retry(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+        async for update in answer_again(conversation_id, session_key, shown, request, go_on=False):
+            yield update
 
-    async def after_stop(conversation_id: int | None, session_key: str, shown: list):
-        # The cancelled answer stores itself as stopped; show the stored conversation once it has.
-        session_key = keys.browser(session_key)
-        if conversation_id is None or session_key is None:
-            return gr.skip(), gr.skip()
-        deadline = asyncio.get_running_loop().time() + STOP_SETTLE_S
+    async def go_on(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+        async for update in answer_again(conversation_id, session_key, shown, request, go_on=True):
+            yield update
+
+    @_calm(5)
+    async def after_answer(session_key: str, returned: str, open_id: Any, shown: list):
+        """The sidebar's list once an answer is stored (the open conversation marked), a refused message back
+        in the box, and the poll for a person's replies started when the answer handed the conversation to one."""
+        key = keys.browser(session_key)
+        open_id = _conversation_id(open_id)
+        if not key:
+            return gr.update(choices=[], value=None, label=t["no_conversations"]), gr.skip(), gr.skip(), \
+                gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == open_id), None)
+        timer, seen = gr.skip(), gr.skip()
+        if now is not None and now.handoff:  # polled from the last answer shown: a reply stored meanwhile comes too
+            timer, seen = gr.Timer(active=True), max((_answer_id(m) or 0 for m in shown or []), default=0)
+        if not returned:
+            return _choices(listed, t, open_id), gr.skip(), gr.skip(), timer, seen
+        return _choices(listed, t, open_id), returned, "", timer, seen
+
+    @_calm(4)
+    async def after_stop(conversation_id: Any, session_key: str, shown: list):
+        """The stored conversation once the cancelled answer has stored itself as stopped, and the sidebar's
+        list with it. A Stop that landed before the answer's first text finds the conversation it started
+        (the page did not learn its id yet): the browser's newest, if it began a moment ago."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        if conversation_id is None:
+            newest = listed[0] if listed else None
+            if newest is None or newest.num_messages > 2 or utcnow() - newest.created_at > STARTED_JUST_NOW:
+                return gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
+            conversation_id = newest.id
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + STOP_SETTLE_S
         while True:
-            rows = await desk.conversation(session_key=session_key, conversation_id=conversation_id) or []
-            if all(m.status != "generating" for m in rows) or asyncio.get_running_loop().time() > deadline:
+            rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
+            if all(m.status != "generating" for m in rows) or loop.time() > deadline:
                 break
             await asyncio.sleep(0.1)
         messages = _history_messages(rows, t, language)
-        return messages, messages
+        return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 
-    async def open_conversation(conversation_id: int | None, session_key: str):
-        session_key = keys.browser(session_key)  # a key this server did not issue opens nothing
-        if type(conversation_id) is not int or not 0 < conversation_id < 2**63:
-            conversation_id = None  # the list's value, as the page sends it: only an id of this browser's opens
-        rows = None if conversation_id is None or session_key is None else await desk.conversation(
-            session_key=session_key, conversation_id=conversation_id)
-        if rows is None:
-            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
-        messages = _history_messages(rows, t, language)
-        template = next((c.template for c in await desk.list_conversations(session_key=session_key)
-                         if c.id == conversation_id), gr.skip())
-        return messages, messages, conversation_id, template
+    @_calm(4)
+    @_calm(2)
+    async def report_first_visible(report: Any, conversation_id: Any, session_key: str, shown: list):
+        """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
+        caption's title says it. Anything but a whole number of milliseconds in range is ignored."""
+        key = keys.browser(session_key)
+        ms = _first_visible_ms(report)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or ms is None or conversation_id is None:
+            return gr.skip(), gr.skip()
+        row = await desk.first_visible(session_key=key, conversation_id=conversation_id, ms=ms)
+        shown = list(shown or [])
+        last = next((i for i in range(len(shown) - 1, -1, -1) if (shown[i].get("metadata") or {}).get("title")), None)
+        if row is None or last is None:
+            return gr.skip(), gr.skip()
+        shown[last:] = _answer_messages(row, t, language)[-1:] + shown[last + 1:]
+        return shown, shown
+
+    @_calm(7)
+    async def open_conversation(chosen: Any, session_key: str):
+        """The conversation the customer picked in the sidebar. Its value is the page's own (the Radio is not
+        preprocessed: a server that restarted knows none of this page's choices), so it is checked here: a
+        conversation id this browser owns, or nothing happens but a fresh list."""
+        key = keys.browser(session_key)  # a key this server did not issue opens nothing
+        conversation_id = _conversation_id(chosen)
+        if key is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        listed = await desk.list_conversations(session_key=key)
+        now = next((c for c in listed if c.id == conversation_id), None)
+        found = await stored(key, conversation_id) if now is not None else None
+        if found is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), _choices(listed, t), gr.skip(), gr.skip()
+        messages = with_handoff(found[0], now)
+        return (messages, messages, conversation_id, now.template, _choices(listed, t, conversation_id),
+                *watch(now, found[1]))
+
+    @_calm(4)
+    async def ask_person(conversation_id: Any, session_key: str, shown: list):
+        """(chatbot, shown, timer, seen): the conversation handed to a person, and the page polling for their
+        replies from the last answer it shows."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        shown = list(shown or [])
+        if key is None or conversation_id is None:
+            return shown + [_notice(t["person_first"], t)], gr.skip(), gr.skip(), gr.skip()
+        asked = await desk.request_person(session_key=key, conversation_id=conversation_id)
+        handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
+        if not asked and not handoff:
+            return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
+        seen = max((_answer_id(m) or 0 for m in shown), default=0)
+        shown = shown + [_notice(t["waiting_person" if handoff == "waiting" else "with_person"], t)]
+        return shown, shown, gr.Timer(active=True), seen
+
+    @_calm(4)
+    async def poll(conversation_id: Any, session_key: str, shown: list, seen: Any):
+        """(chatbot, shown, seen, timer) every few seconds while a person has the conversation: their new replies,
+        marked as theirs, and the timer stopped once the conversation is handed back. Nothing new: nothing sent."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
+        if handoff is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.Timer(active=False)
+        after = seen if type(seen) is int and seen >= 0 else 0
+        new = await desk.messages_after(session_key=key, conversation_id=conversation_id, after_id=after)
+        replies = [out for m in new if m.role == "assistant" and m.author for out in _answer_messages(m, t, language)]
+        if not replies and handoff:
+            return gr.skip(), gr.skip(), max((m.id for m in new), default=gr.skip()), gr.skip()
+        shown = list(shown or []) + replies + ([] if handoff else [_notice(t["released"], t)])
+        return shown, shown, max((m.id for m in new), default=after), gr.Timer(active=bool(handoff))
+
+    @_calm(3)
+    async def rated(data: gr.LikeData, shown: list, session_key: str):
+        """(reason row, rating for, reason box): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional reason."""
+        key = keys.browser(session_key)
+        shown = shown or []
+        index = data.index if type(data.index) is int else -1
+        # Gradio names an answer's group by its first message; its caption, which holds the answer's id, is last.
+        group = []
+        for message in shown[index:] if 0 <= index < len(shown) else []:
+            if not isinstance(message, dict) or message.get("role") != "assistant":
+                break
+            group.append(message)
+        message_id = next((ref for m in reversed(group) if (ref := _answer_id(m)) is not None), None)
+        if key is None or message_id is None or data.liked not in (True, False):
+            return gr.skip(), gr.skip(), gr.skip()
+        thumbs = 1 if data.liked else -1
+        if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs):
+            return gr.skip(), gr.skip(), gr.skip()
+        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, ""
+
+    @_calm(3)
+    async def send_reason(reason: Any, rating_for: Any, session_key: str):
+        key = keys.browser(session_key)
+        if key is not None and type(rating_for) is int and isinstance(reason, str) and len(reason) <= 500:
+            await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason)
+        return gr.Row(visible=False), None, ""
+
+    @_calm(2)
+    async def rename(title: Any, conversation_id: Any, session_key: str):
+        """(sidebar, title box): the open conversation under the customer's own title."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip()
+        if not await desk.rename(session_key=key, conversation_id=conversation_id, title=title):
+            return gr.skip(), gr.skip()
+        return await _conversation_choices(desk, key, t, conversation_id), ""
+
+    @_calm(5)
+    async def delete(conversation_id: Any, session_key: str):
+        """The open conversation off the list, and a new one begun."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is None or conversation_id is None:
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        await desk.delete(session_key=key, conversation_id=conversation_id)
+        return [], [], None, await _conversation_choices(desk, key, t), gr.Timer(active=False)
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
         try:
-            args = _api_args(message, history, template, conversation_id, tenant, t)
+            args = _api_args(message, history, template, conversation_id, tenant, API_TEXT[language])
             caller = caller_of(request)
             async for event in desk.answer(session_key=keys.api(request.session_hash), client=caller.address,
                                            template_name=args[2], message=args[0], history=args[1],
@@ -195,34 +403,60 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                     yield {"text": event.text, "done": False, "conversation_id": event.conversation_id}
                 else:
                     yield _api_final(event, language)
-        except (DeskInputError, TenantRefused) as exc:
+        except (DeskInputError, TenantRefused, ApiArgumentError) as exc:
             yield {"text": "", "done": True, "status": "rejected", "error": str(exc)}
 
     with gr.Blocks(title=t["title"], analytics_enabled=False, fill_height=True) as demo:
         session_key = gr.BrowserState("", storage_key="prefixdesk-session", secret=browser_secret)
-        conversation_id = gr.State(None)
+        # The open conversation, kept in the browser: a reload or a server restart opens it again. Its value is
+        # the browser's, so every handler checks it (_conversation_id) and the desk checks who owns it.
+        conversation_id = gr.BrowserState(None, storage_key="prefixdesk-open", secret=browser_secret)
         shown = gr.State([])  # the conversation as displayed, kept on the server
         with gr.Sidebar(label=t["sidebar"], open=True, elem_id="pd-sidebar"):
             template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
             new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation", size="sm")
             conversations = gr.Radio([], label=t["history"], elem_id="conversations")
+            with gr.Row(elem_id="pd-manage"):
+                new_title = gr.Textbox(placeholder=t["rename_placeholder"], show_label=False, container=False,
+                                       max_length=60, elem_id="new-title", scale=3)
+                rename_btn = gr.Button(t["rename"], elem_id="rename", size="sm", scale=1, min_width=64)
+            delete_btn = gr.Button(t["delete"], elem_id="delete", size="sm", variant="secondary")
         with gr.Column(elem_id="pd-header"):
             gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
             gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
             if info.is_demo_model:
                 gr.Markdown(t["demo"], elem_id="demo-notice")
         returned = gr.State("")  # a refused message, handed back to the box by after_answer
+        # Where the page's script reports when an answer's first text reached the screen (hidden by chat.css).
+        with gr.Row(elem_id="pd-glyph-report"):
+            first_visible = gr.Textbox("", show_label=False, container=False, max_length=8, lines=1,
+                                       interactive=True)
+            first_visible_btn = gr.Button("", elem_id="pd-glyph-send")
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
-        chatbot = gr.Chatbot(elem_id="chatbot", height="62vh", show_label=False, buttons=[], feedback_options=None,
+        chatbot = gr.Chatbot(elem_id="chatbot", height="58vh", show_label=False, buttons=["copy"],
+                             feedback_options=("Like", "Dislike"),
                              layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True,
                              render_markdown=False, latex_delimiters=[], sanitize_html=True)
+        # After 👎: an optional reason (the thumbs are kept already).
+        with gr.Row(elem_id="pd-reason", visible=False) as reason_row:
+            reason = gr.Textbox(placeholder=t["reason"], show_label=False, container=False, max_length=500, scale=8)
+            reason_btn = gr.Button(t["rate_send"], elem_id="reason-send", scale=1, min_width=72, size="sm")
+        rating_for = gr.State(None)  # the answer the reason is for
+        with gr.Row(elem_id="pd-actions"):
+            person_btn = gr.Button(t["person_button"], elem_id="person", size="sm", variant="secondary", scale=0,
+                                   min_width=96)
+        # While a person has the conversation the page asks for their replies every few seconds (and only then).
+        person_timer = gr.Timer(PERSON_POLL_S, active=False)
+        seen = gr.State(0)  # the last message id the page has shown, for the poll
         with gr.Row(elem_id="pd-composer", equal_height=True):
             box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
                              max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
             send_btn = gr.Button(t["send"], variant="primary", elem_id="send", scale=1, min_width=72)
             stop_btn = gr.Button(t["stop"], variant="stop", elem_id="stop", scale=1, min_width=72)
             retry_btn = gr.Button(t["retry"], variant="secondary", elem_id="retry", scale=1, min_width=72)
+            # Shown by the page's script only under an answer cut off at its length (chat.css, chat.js).
+            continue_btn = gr.Button(t["continue"], variant="secondary", elem_id="continue", scale=1, min_width=72)
 
         # Every event takes its inputs as the page sends them and returns outputs in the page's own format: Gradio's
         # pre- and postprocessing run each input and output on a thread of the process's 40 (the GPU profile: a
@@ -237,19 +471,44 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         submit = box.submit(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
-        for answered in (submit, click, again):  # the sidebar, once the answer is stored: one short request
-            answered.then(after_answer, [session_key, returned], [conversations, box, returned], queue=False,
+        onwards = continue_btn.click(go_on, [conversation_id, session_key, shown], screen, **streaming)
+        for answered in (submit, click, again, onwards):  # the sidebar, once the answer is stored: one short request
+            answered.then(after_answer, [session_key, returned, conversation_id, shown],
+                          [conversations, box, returned, person_timer, seen], queue=False,
                           **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
-        stop_btn.click(None, None, None, cancels=[submit, click, again], api_visibility="private")
-        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown], **private)
+        stop_btn.click(None, None, None, cancels=[submit, click, again, onwards], api_visibility="private")
+        stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown, conversation_id, conversations],
+                       **private)
+        first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
+                            [chatbot, shown], queue=False, **private)
+        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason], queue=False, **private)
+        for asked_reason in (reason.submit, reason_btn.click):
+            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason], queue=False,
+                         **private)
+        person_btn.click(ask_person, [conversation_id, session_key, shown], [chatbot, shown, person_timer, seen],
+                         queue=False, **private)
+        person_timer.tick(poll, [conversation_id, session_key, shown, seen], [chatbot, shown, seen, person_timer],
+                          queue=False, **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
-        demo.load(on_load, [session_key], [session_key, template, conversations], queue=False, **private)
+        demo.load(on_load, [session_key, conversation_id],
+                  [session_key, template, conversations, chatbot, shown, conversation_id, person_timer, seen],
+                  queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
-                            [chatbot, shown, conversation_id, template], **private)
-        new_btn.click(lambda: ([], [], None, None), None, [chatbot, shown, conversation_id, conversations], **private)
-        template.input(lambda: ([], [], None), None, [chatbot, shown, conversation_id], **private)
+                            [chatbot, shown, conversation_id, template, conversations, person_timer, seen],
+                            preprocess=False, **private)
+        fresh = {"fn": lambda: ([], [], None, gr.update(value=None), gr.Timer(active=False)), "inputs": None,
+                 "outputs": [chatbot, shown, conversation_id, conversations, person_timer]}
+        new_btn.click(**fresh, **private)
+        template.input(**fresh, **private)
+        rename_btn.click(rename, [new_title, conversation_id, session_key], [conversations, new_title], queue=False,
+                         **private)
+        delete_btn.click(delete, [conversation_id, session_key],
+                         [chatbot, shown, conversation_id, conversations, person_timer], queue=False, **private)
+        # The topics as published now, each time the customer opens the picker (a page opened before a publish).
+        template.focus(lambda: gr.update(choices=topics()), None, template, queue=False, **private)
+        chatbot.clear(**fresh, **private)  # the chatbot's own trash icon starts a new conversation too
 
         # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
         # configures again for every new browser session.
@@ -257,14 +516,33 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     return demo
 
 
+def _calm(num_outputs: int):
+    """A short handler that never shows Gradio's error: on an unexpected exception it logs it and leaves its
+    ``num_outputs`` outputs as they are."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        async def run(*args, **kwargs):
+            try:
+                return await fn(*args, **kwargs)
+            except Exception:
+                log.exception("chat handler %s failed", fn.__name__)
+                return tuple(gr.skip() for _ in range(num_outputs))
+        return run
+    return wrap
+
+
 class _Ahead:
     """The desk's events with the first one already on its way: while Gradio sends the question to the
     page, the desk stores it and the engine starts answering (both off the path to the first glyph).
-    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile)."""
+    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile), and waits for
+    the first event's task to end before it closes the desk's generator: a Stop that lands while the first
+    event is still coming cancels that task too, and closing a generator that task still runs would raise
+    ("asynchronous generator is already running") in place of the quiet stop."""
 
     def __init__(self, events: AsyncIterator[Progress | Finished]):
         self._events = events
         self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
+        self._pending: asyncio.Future | None = self._first
 
     def __aiter__(self):
         return self
@@ -276,11 +554,12 @@ class _Ahead:
         return await first
 
     async def aclose(self) -> None:
-        if self._first is not None:
-            self._first.cancel()
-            await asyncio.wait({self._first})  # the desk stores the answer as stopped
-            if not self._first.cancelled():
-                self._first.exception()  # retrieved: a refusal nobody will read is not an error
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})  # the desk stores the answer as stopped
+        if pending is not None and not pending.cancelled():
+            pending.exception()  # retrieved: a refusal nobody will read is not an error
         await self._events.aclose()
 
 
@@ -313,15 +592,18 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
             return
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
-            known, conversation_id = conversation_id, event.conversation_id
-            yield (base + [_message("assistant", event.text)], gr.skip(),
-                   gr.skip() if known == conversation_id else conversation_id, session_key, gr.skip())
+            conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
+            yield base + [_message("assistant", event.text)], gr.skip(), conversation_id, session_key, gr.skip()
         elif isinstance(event, Finished):
             # The conversation as stored, with no second read of the database: what was shown (stored messages,
             # and last the question as the desk stores it; a new conversation is the question alone) and the
             # answer's stored row, as the customer may see it (event.customer: app/core/cache_figures.py).
             shown = base if asked_in == event.message.conversation_id else base[-1:]
-            messages = shown + _answer_messages(event.customer, t, language)
+            if event.message.status == WITH_PERSON:  # a person has the conversation: the question waits for them
+                answer = [_notice(t["waiting_person" if event.handoff == "waiting" else "with_person"], t)]
+            else:
+                answer = _answer_messages(event.customer, t, language)
+            messages = shown + answer
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 
 
@@ -330,28 +612,40 @@ def as_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _message(role: str, text: str, title: str | None = None, *, markup: bool = False) -> dict:
+def _message(role: str, text: str, title: str | None = None, ref: int | None = None) -> dict:
     """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
-    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text; only
-    the server's own ``markup`` (a caption's first-glyph span) keeps its HTML."""
-    text = inspect.cleandoc(text)
-    return {"role": role, "metadata": {"title": title, "status": "done"} if title else None,
-            "content": [{"text": text if markup else as_text(text), "type": "text"}], "options": None}
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text. A
+    caption carries its answer's id (``ref``): a 👍 or 👎 on the answer names it."""
+    metadata = {"title": title, "status": "done", **({"id": str(ref)} if ref is not None else {})} if title else None
+    return {"role": role, "metadata": metadata,
+            "content": [{"text": as_text(inspect.cleandoc(text)), "type": "text"}], "options": None}
 
 
 def _notice(text: str, t: dict) -> dict:
-    return _message("assistant", text, t["notice"])
+    """A notice is shown as it is, never folded under a title."""
+    return _message("assistant", t["notice"] + text)
+
+
+def _answer_id(message: dict) -> int | None:
+    ref = (message.get("metadata") or {}).get("id") if isinstance(message, dict) else None
+    return int(ref) if isinstance(ref, str) and ref.isdigit() and len(ref) < 19 else None
 
 
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [_message("assistant", m.text)] if m.text else []
-    if m.status == "ok":
-        out.append(_message("assistant", caption_details(m, language), caption_title(m, language), markup=True))
+    if m.author:  # a person's reply, marked as theirs
+        out.append(_message("assistant", f"{m.created_at:%Y-%m-%d %H:%M} UTC", t["person"].format(name=m.author),
+                            m.id))
+    elif m.status == "ok":
+        title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "")
+        out.append(_message("assistant", caption_details(m, language), title, m.id))
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                            t["stopped"], markup=True))
+                            t["stopped"], m.id))
+    elif m.status == WITH_PERSON:
+        out.append(_notice(t["with_person"], t))
     else:
-        out.append(_notice(m.error or "", t))
+        out.append(_notice(refusal_text(m.error_code, {}, language), t))
     return out
 
 
@@ -365,31 +659,53 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     return out
 
 
-async def _conversation_choices(desk: Desk, session_key: str, t: dict):
-    rows = await desk.list_conversations(session_key=session_key)
+async def _conversation_choices(desk: Desk, session_key: str, t: dict, current: int | None = None):
+    return _choices(await desk.list_conversations(session_key=session_key), t, current)
+
+
+def _choices(rows: list[ConversationRow], t: dict, current: int | None = None):
     choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
-    return gr.update(choices=choices, value=None, label=t["history"] if choices else t["no_conversations"])
+    value = current if any(c.id == current for c in rows) else None
+    return gr.update(choices=choices, value=value, label=t["history"] if choices else t["no_conversations"])
+
+
+def _conversation_id(value: Any) -> int | None:
+    """A conversation id as the browser holds it: a positive integer, or None for anything else."""
+    return value if type(value) is int and 0 < value < 2**63 else None
+
+
+def _first_visible_ms(report: Any) -> int | None:
+    """The page's report: whole milliseconds as digits, 1 to MAX_FIRST_VISIBLE_MS; None for anything else."""
+    if not isinstance(report, str) or not report.isascii() or not report.isdigit() or len(report) > 6:
+        return None
+    ms = int(report)
+    return ms if 0 < ms <= MAX_FIRST_VISIBLE_MS else None
+
+
+class ApiArgumentError(ValueError):
+    """An argument of /chat that is not what it must be; the message (API_TEXT) says which and how."""
 
 
 def _api_args(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
               t: dict) -> tuple[str, list[Turn] | None, str, int | None]:
-    """The /chat arguments, strictly typed; raises DeskInputError saying which one is wrong and how."""
+    """The /chat arguments, strictly typed; raises ApiArgumentError saying which one is wrong and how (``t``:
+    API_TEXT in the UI language)."""
     if not isinstance(message, str):
-        raise DeskInputError(t["api_message"])
+        raise ApiArgumentError(t["api_message"])
     if not isinstance(template, str) or not template:
-        raise DeskInputError(t["api_template"])
+        raise ApiArgumentError(t["api_template"])
     if conversation_id is not None and (type(conversation_id) is not int or not 0 < conversation_id < 2**63):
-        raise DeskInputError(t["api_conversation"])
+        raise ApiArgumentError(t["api_conversation"])
     if tenant not in (None, ""):
-        raise DeskInputError(t["api_tenant"])
+        raise ApiArgumentError(t["api_tenant"])
     if history in (None, []):
         return message, [] if history == [] else None, template, conversation_id
     if not isinstance(history, list):
-        raise DeskInputError(t["api_history"])
+        raise ApiArgumentError(t["api_history"])
     turns = []
     for m in history:
         if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
-            raise DeskInputError(t["api_history"])
+            raise ApiArgumentError(t["api_history"])
         if not (m.get("metadata") or {}).get("title"):  # captions and notices are not context
             turns.append(Turn(m["role"], m["content"]))
     return message, turns, template, conversation_id

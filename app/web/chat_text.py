@@ -1,8 +1,11 @@
-"""What the chat page says, in Chinese and English — and the caption under each answer.
+"""What the chat page says, in Chinese and English — every text a customer can read, and the caption under
+each answer.
 
-The caption speaks to a customer ("answered in 12 ms: the help-desk rules were already loaded");
-the numbers behind it (cached / prompt tokens, the engine's first token, the browser's first
-glyph, tokens per second) are one click away in its details.
+One table per language, with the same keys (a test holds them equal), in plain words: no text here speaks
+of tokens, prompts or caches. Why the desk did not answer arrives as a code (app/core/refusals.py) and is
+said from the language's ``refusals`` table. The caption's title is when the answer's first text reached
+the customer's screen, as their browser measured it; the server's own figures are one click away, in its
+details. API_TEXT is what the scriptable /chat tells developers.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ from app.db.rows import MessageRow
 TEXT = {
     "zh": {
         "title": "优选商城 · 在线客服",
-        "subtitle": "客服手册只读一遍：之后每个问题都直接从缓存开始回答。",
+        "subtitle": "有问题随时问：客服会立即回复，也可以随时转人工。",
         "model": "回答模型：{model}",
-        "demo": "⚠️ 当前使用内置演示模型（随机权重）：回答是占位文字，但 token 数、缓存命中和流式输出都是真实的。",
+        "demo": "提示：当前使用内置演示模型（随机权重），回答是占位文字，只用来演示页面和回复速度。",
         "sidebar": "对话",
         "template": "咨询类别",
         "new": "＋ 新对话",
@@ -27,25 +30,75 @@ TEXT = {
         "send": "发送",
         "stop": "停止",
         "retry": "重试",
-        "notice": "⚠️ 提示",
-        "stopped": "⏹ 已停止",
+        "notice": "提示：",
+        "stopped": "已停止",
         "empty": "请输入问题后再发送。",
+        "internal": "抱歉，这次没能回答。请稍后再发送一次。",
         "nothing_to_retry": "还没有可以重试的回答。",
         "expired": "页面已过期，这条消息没有发送。再发送一次即可开始新的对话。",
         "session_not_yours": "这个会话属于另一个浏览器窗口：请刷新页面。",
         "session_hash_invalid": "session_hash 必须是 1 到 64 个字母、数字、“-”或“_”。",
-        "api_message": "message 必须是字符串。",
-        "api_template": "template 必须是已发布模板的名称（字符串）。",
-        "api_conversation": "conversation_id 必须是正整数或 null。",
-        "api_history": "history 必须是由 {role: user|assistant, content: 字符串} 组成的列表，或 null。",
-        "api_tenant": "租户只能由反向代理通过 PREFIXDESK_TENANT_HEADER 指定；请去掉 tenant 参数。",
+        "offline": "暂时连不上客服，您输入的内容已保留。请稍后再发送。",
+        "offline_title": "连接中断",
+        "answered_in": "{s} 秒内开始回复",
+        "answered": "已回复",
+        "first_text": "首字显示 {ms} 毫秒",
+        "server_start": "服务器开始回复 {ms} 毫秒",
+        "reused": "已读资料复用 {cached}/{total}",
+        "speed": "每秒 {rate} 字",
+        "cut_off": "回答较长，已截断",
+        "continue": "继续",
+        "with_person": "人工客服正在处理这段对话，回复会显示在这里。",
+        "waiting_person": "已为您转接人工客服，请稍候，回复会显示在这里。",
+        "person": "人工客服 {name}",
+        "person_button": "转人工",
+        "person_asked": "已转接人工客服",
+        "person_first": "请先描述您的问题，再转人工客服。",
+        "released": "人工客服已结束接待，之后由智能客服继续回答。",
+        "good": "有帮助",
+        "bad": "没帮助",
+        "reason": "哪里不满意？（可选）",
+        "rate_send": "提交",
+        "rated": "谢谢您的反馈！",
+        "copy": "复制",
+        "copied": "已复制",
+        "rename": "重命名",
+        "rename_placeholder": "新的标题",
+        "delete": "删除对话",
+        "edit": "修改上一个问题",
+        "examples": "您可以这样问：",
+        "refusals": {
+            "not_text": "这条消息无法读取，请重新输入后发送。",
+            "empty": "请输入问题后再发送。",
+            "rate": "您发送得有点快，请等 {wait_s} 秒后再发送。",
+            "streams": "上一个回答还在进行中，请等它结束后再发送。",
+            "message_chars": "这条消息太长了（{chars} 字，最多 {limit} 字），请缩短或分成几条发送。",
+            "session": "页面已过期，请刷新页面后再发送。",
+            "no_conversation": "找不到这段对话了，请开始新的对话。",
+            "nothing_to_retry": "还没有可以重试的回答。",
+            "no_template": "这个咨询类别已不再提供，请选择其他类别。",
+            "not_saved": "消息没能保存，所以没有发送。请稍后再发送一次。",
+            "not_retried": "这次没能重试，请稍后再试。",
+            "unreadable": "暂时打不开这段对话，请稍后再试。",
+            "history_messages": "这段对话太长了，请开始新的对话。",
+            "history_chars": "这段对话太长了，请开始新的对话。",
+            "message_too_long": "这条消息太长了，请缩短后再发送。",
+            "conversation_too_long": "这段对话已经很长了，请开始新的对话继续咨询。",
+            "prefix_unstable": "这个咨询类别暂时无法回答，请选择其他类别或稍后再试。",
+            "not_continuable": "这个回答无法继续，请重新提问。",
+            "nothing_to_continue": "上一个回答已经完整，没有需要继续的内容。",
+            "busy": "客服现在很忙，请稍等片刻再发送。",
+            "rejected": "这个问题暂时无法回答，请换个说法再试。",
+            "broke_off": "回答中途中断了，请点“重试”。",
+            "internal": "抱歉，这次没能回答。请稍后再发送一次。",
+        },
     },
     "en": {
         "title": "Northwind Help Desk",
-        "subtitle": "The help-desk rules are read once: every question after that starts from the cache.",
+        "subtitle": "Ask anything: answers start at once, and a person can take over whenever you like.",
         "model": "Answers by: {model}",
-        "demo": "⚠️ Demo model in use (random weights): replies are placeholder text, but token counts, cache hits "
-                "and streaming are real.",
+        "demo": "Note: the built-in demo model is in use (random weights): replies are placeholder text, shown to "
+                "demonstrate the page and its speed.",
         "sidebar": "Conversations",
         "template": "Topic",
         "new": "＋ New conversation",
@@ -56,18 +109,88 @@ TEXT = {
         "send": "Send",
         "stop": "Stop",
         "retry": "Retry",
-        "notice": "⚠️ Notice",
-        "stopped": "⏹ Stopped",
+        "notice": "Note: ",
+        "stopped": "Stopped",
         "empty": "Please type a question before sending.",
+        "internal": "Sorry, this could not be answered. Please send it again in a moment.",
         "nothing_to_retry": "There is no answer to retry yet.",
         "expired": "This page had expired, so your message was not sent. Send it again to start a new conversation.",
         "session_not_yours": "This session belongs to another browser: reload the page to start your own.",
         "session_hash_invalid": "session_hash must be 1 to 64 letters, digits, '-' or '_'.",
+        "offline": "The help desk cannot be reached right now; what you typed is kept. Please send it again shortly.",
+        "offline_title": "Connection lost",
+        "answered_in": "Reply began within {s} s",
+        "answered": "Answered",
+        "first_text": "first text on screen {ms} ms",
+        "server_start": "server began replying {ms} ms",
+        "reused": "reading reused {cached}/{total}",
+        "speed": "{rate} per second",
+        "cut_off": "Long answer, cut short",
+        "continue": "Continue",
+        "with_person": "A person is answering this conversation; their reply will appear here.",
+        "waiting_person": "We are finding a person to help you; their reply will appear here.",
+        "person": "{name}, customer service",
+        "person_button": "Talk to a person",
+        "person_asked": "A person has been asked to help",
+        "person_first": "Please describe your question first, then ask for a person.",
+        "released": "The person has finished; the automatic assistant answers again.",
+        "good": "Helpful",
+        "bad": "Not helpful",
+        "reason": "What was wrong? (optional)",
+        "rate_send": "Send",
+        "rated": "Thank you for your feedback!",
+        "copy": "Copy",
+        "copied": "Copied",
+        "rename": "Rename",
+        "rename_placeholder": "New title",
+        "delete": "Delete conversation",
+        "edit": "Edit last question",
+        "examples": "You could ask:",
+        "refusals": {
+            "not_text": "This message could not be read. Please type it again and send.",
+            "empty": "Please type a question before sending.",
+            "rate": "You are sending messages a little fast. Please wait {wait_s} seconds, then send again.",
+            "streams": "An answer is still on its way. Please wait for it to finish, then send again.",
+            "message_chars": "This message is too long ({chars} characters; at most {limit}). Please shorten it "
+                             "or send it in parts.",
+            "session": "This page has expired. Please reload it and send again.",
+            "no_conversation": "This conversation cannot be found any more. Please start a new one.",
+            "nothing_to_retry": "There is no answer to retry yet.",
+            "no_template": "This topic is no longer offered. Please choose another topic.",
+            "not_saved": "Your message could not be saved, so it was not sent. Please send it again shortly.",
+            "not_retried": "This could not be retried. Please try again shortly.",
+            "unreadable": "This conversation cannot be opened right now. Please try again shortly.",
+            "history_messages": "This conversation is too long. Please start a new one.",
+            "history_chars": "This conversation is too long. Please start a new one.",
+            "message_too_long": "This message is too long. Please shorten it and send again.",
+            "conversation_too_long": "This conversation has grown long. Please start a new conversation to go on.",
+            "prefix_unstable": "This topic cannot be answered right now. Please choose another topic or try later.",
+            "not_continuable": "This answer cannot be continued. Please ask again.",
+            "nothing_to_continue": "The last answer is complete; there is nothing to continue.",
+            "busy": "The help desk is very busy. Please wait a moment, then send again.",
+            "rejected": "This question cannot be answered right now. Please try putting it another way.",
+            "broke_off": "The answer broke off. Please press Retry.",
+            "internal": "Sorry, this could not be answered. Please send it again in a moment.",
+        },
+    },
+}
+
+# What the scriptable /chat tells developers, in the UI language: precise, with the names of its arguments.
+API_TEXT = {
+    "zh": {
+        "api_message": "message 必须是字符串。",
+        "api_template": "template 必须是已发布模板的名称（字符串）。",
+        "api_conversation": "conversation_id 必须是正整数或 null。",
+        "api_history": "history 必须是由 {role: user|assistant, content: 字符串} 组成的列表，或 null。",
+        "api_tenant": "租户只能由反向代理通过 PREFIXDESK_TENANT_HEADER 指定；请去掉 tenant 参数。",
+    },
+    "en": {
         "api_message": "message must be a string.",
         "api_template": "template must be the name of a published template (a string).",
         "api_conversation": "conversation_id must be a positive integer or null.",
         "api_history": "history must be a list of {role: user|assistant, content: string}, or null.",
-        "api_tenant": "Only the reverse proxy may name a tenant (PREFIXDESK_TENANT_HEADER); remove the tenant argument.",
+        "api_tenant": "Only the reverse proxy may name a tenant (PREFIXDESK_TENANT_HEADER); remove the tenant "
+                      "argument.",
     },
 }
 
@@ -81,22 +204,42 @@ def model_label(model_setting: str, language: str) -> str:
     return MODEL_NAMES.get(model_setting, Path(model_setting).name or model_setting)
 
 
+def refusal_text(code: str, params: dict, language: str) -> str:
+    """Why the desk did not answer, in the customer's words (an unknown code: the general apology)."""
+    table = TEXT[language]["refusals"]
+    try:
+        return table[code].format(**params)
+    except (KeyError, IndexError, ValueError):
+        return table["internal"]
+
+
+def seconds(ms: float) -> str:
+    """``ms`` as a customer reads it: seconds with one decimal, rounded up (within 0.1 s)."""
+    tenths = max(1, -(-int(round(ms)) // 100))
+    return f"{tenths // 10}.{tenths % 10}"
+
+
 def caption_title(m: MessageRow, language: str) -> str:
-    """One line a customer understands, e.g. ``⚡ answered in 12 ms — the help-desk rules were already loaded``."""
-    ttft = f"{m.ttft_ms or 0:.0f}"
-    if m.num_cached_tokens:
-        return (f"⚡ {ttft} 毫秒开始回答 · 客服手册已在缓存中" if language == "zh"
-                else f"⚡ answered in {ttft} ms — the help-desk rules were already loaded")
-    return (f"{ttft} 毫秒开始回答 · 首次读取客服手册" if language == "zh"
-            else f"answered in {ttft} ms — the help-desk rules were read first")
+    """One line a customer understands: when the reply began on their screen, e.g. ``1.2 秒内开始回复`` — the
+    browser's measure (``first_visible_ms``); before the browser reported it, plainly "answered"."""
+    t = TEXT[language]
+    if m.first_visible_ms is None:
+        return t["answered"]
+    return t["answered_in"].format(s=seconds(m.first_visible_ms))
 
 
 def caption_details(m: MessageRow, language: str) -> str:
-    """The numbers behind the caption; the browser fills in its own first-glyph time (the pd-glyph span)."""
-    glyph = '<span class="pd-glyph">—</span>'
-    replica = f" · {m.replica}" if m.replica else ""
-    if language == "zh":
-        return (f"缓存命中 {m.num_cached_tokens} / {m.prompt_tokens} 个提示 token · 引擎首 token {m.ttft_ms:.0f} ms · "
-                f"浏览器首字 {glyph} ms · {m.decode_tokens_per_s:.0f} token/s{replica}")
-    return (f"cached {m.num_cached_tokens} / {m.prompt_tokens} prompt tokens · engine first token {m.ttft_ms:.0f} ms · "
-            f"browser first glyph {glyph} ms · {m.decode_tokens_per_s:.0f} tok/s{replica}")
+    """The figures behind the caption: the screen's first text, the server's start, what was read before, the
+    speed; the page fills in a first text it measured itself (the pd-glyph span) until the stored one comes."""
+    t = TEXT[language]
+    shown = f"{m.first_visible_ms:.0f}" if m.first_visible_ms is not None else "—"
+    parts = [t["first_text"].format(ms=shown)]
+    if m.ttft_ms is not None:
+        parts.append(t["server_start"].format(ms=f"{m.ttft_ms:.0f}"))
+    if m.prompt_tokens:
+        parts.append(t["reused"].format(cached=m.num_cached_tokens or 0, total=m.prompt_tokens))
+    if m.decode_tokens_per_s:
+        parts.append(t["speed"].format(rate=f"{m.decode_tokens_per_s:.0f}"))
+    if m.replica:
+        parts.append(m.replica)
+    return " · ".join(parts)

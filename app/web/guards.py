@@ -25,8 +25,10 @@ CHAT_PREDICT = "/gradio_api/run/predict"
 # the client reads the API's description (info); an event the app runs outside the queue (the chat's page load,
 # the sidebar after an answer) is one request (run/predict), for those events' fn_index alone: every other event
 # runs in the queue, which admits it. The console also uploads and downloads template files.
+# app_id: after a lost connection Gradio's page asks it every 2 s and reloads itself once the server answers;
+# refused, a page open across a server restart never recovered (its events failed until a manual reload).
 PREDICT = "run/predict"
-CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", PREDICT})
+CHAT_ROUTES = frozenset({"queue/join", "queue/data", "cancel", "reset", "info", PREDICT, "app_id"})
 CHAT_ROUTE_PREFIXES = ("heartbeat/",)  # heartbeat/<session>
 CONSOLE_ROUTES = CHAT_ROUTES | {"upload", "upload_progress"}
 CONSOLE_ROUTE_PREFIXES = CHAT_ROUTE_PREFIXES + ("file=",)  # file=<path>

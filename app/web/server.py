@@ -109,8 +109,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     from app.console.ui import CSS as CONSOLE_CSS
     from app.console.ui import build_admin
     from app.web.chat import CSS as CHAT_CSS
-    from app.web.chat import JS as CHAT_JS
-    from app.web.chat import build_chat
+    from app.web.chat import build_chat, page_js
     from app.web.chat_text import model_label
     from app.web.gradio_state import keep_no_snapshots
     from app.web.sessions import SessionGuard
@@ -149,7 +148,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CHAT_PROGRESS_POLL_S)
-    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=CHAT_JS, max_file_size="1kb",
+    gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=page_js(settings.ui_language), max_file_size="1kb",
                         blocked_paths=[*_blocked_paths(settings), str(console_files)], **mount)
     keep_no_snapshots(app, blocks)
     keep_no_snapshots(app, chat)

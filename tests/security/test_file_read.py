@@ -37,11 +37,15 @@ def shapes(path: str) -> list:
 def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url, settings):
     cfg = config(server_url)
     events = [(i, d) for i, d in enumerate(cfg["dependencies"]) if d.get("backend_fn")]
-    # The page's events and their inputs: send ×2, retry, the sidebar after each of them, stop, load, open
-    # conversation, new, template, /chat.
+    # The page's events and their inputs: send ×2, retry, continue, the sidebar after each, stop, the first-text
+    # report, thumbs, the reason ×2, a person, the person's poll, load, open conversation, new / topic / trash,
+    # rename, delete, the topics' refresh, /chat.
     assert [(d.get("api_name"), len(d["inputs"])) for _, d in events] == [
-        ("send", 5), ("send_1", 5), ("retry", 3), ("after_answer", 2), ("after_answer_1", 2), ("after_answer_2", 2),
-        ("after_stop", 3), ("on_load", 1), ("open_conversation", 2), ("lambda", 0), ("lambda_1", 0), ("chat", 5)]
+        ("send", 5), ("send_1", 5), ("retry", 3), ("go_on", 3), ("after_answer", 4), ("after_answer_1", 4),
+        ("after_answer_2", 4), ("after_answer_3", 4), ("after_stop", 3), ("report_first_visible", 4), ("rated", 2),
+        ("send_reason", 3), ("send_reason_1", 3), ("ask_person", 3), ("poll", 4), ("on_load", 2),
+        ("open_conversation", 2), ("lambda", 0), ("lambda_1", 0), ("rename", 3), ("delete", 2), ("lambda_2", 0),
+        ("lambda_3", 0), ("chat", 5)]
     secrets_on_disk = [(settings.data_dir / n).read_text() for n in ("tenant-salt.key", "browser-state.key")]
     tried = 0
     for index, dep in events:
@@ -56,7 +60,7 @@ def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url
                     assert "/file=" not in text and "gradio_api/file" not in text, (dep.get("api_name"), text[:500])
                     assert not any(m in text for m in MARKERS + tuple(secrets_on_disk)), dep.get("api_name")
                     tried += 1
-    assert tried == 30 * 5 * 5  # every input of every event, each with 5 paths in 5 shapes
+    assert tried == 68 * 5 * 5  # every input of every event (68 in all), each with 5 paths in 5 shapes
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "/proc/self/environ", "prefixdesk.db", "tenant-salt.key"])

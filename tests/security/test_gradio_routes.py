@@ -6,7 +6,8 @@ returned a session's state; /gradio_api/process_recording took uploads; /gradio_
 ran any event outside the queue (even by fn_index) and answered a bad call with 500 and a 3 KB
 traceback in the log (31 MB in 10 s).
 After: an allow-list of the routes the chat and the console use (the page: queue/join, queue/data,
-heartbeat, cancel, reset; gradio_client: info too; the console: upload, upload_progress, file=);
+heartbeat, cancel, reset, and app_id, which a page asks after a lost connection until the server is back;
+gradio_client: info too; the console: upload, upload_progress, file=);
 every other path under /gradio_api/ answers 404 with a short JSON body, logs no traceback, and is
 logged as one line a second at most.
 """
@@ -22,7 +23,7 @@ from tests.helpers.servers import EDGE_OPERATOR
 
 UNUSED = [("GET", "dev/reload"), ("GET", "deep_link?deep_link=x"), ("POST", "process_recording"),
           ("POST", "run/nonexistent"), ("POST", "run/chat"), ("POST", "run/predict"), ("POST", "api/chat"),
-          ("POST", "call/chat"), ("GET", "startup-events"), ("GET", "app_id"), ("GET", "token"), ("GET", "user"),
+          ("POST", "call/chat"), ("GET", "startup-events"), ("GET", "token"), ("GET", "user"),
           ("GET", "login_check"), ("GET", "openapi.json"), ("POST", "stream/x"), ("POST", "vibe-edit"),
           ("GET", "monitoring"), ("GET", "runs"), ("GET", "profiling/traces"), ("POST", "component_server")]
 CHAT_ONLY_UNUSED = [("GET", "file=/etc/hostname")]  # (the chat's upload routes answer 403: no uploads)
@@ -87,3 +88,11 @@ def test_run_predict_runs_only_the_events_the_app_runs_outside_the_queue(edge):
         r = browser.post(edge.url + "gradio_api/run/predict", json={"data": [""], "fn_index": fn_index,
                                                                     "session_hash": session})
         assert (r.status_code, r.json()) == (404, {"detail": "Not Found"})
+
+
+@pytest.mark.parametrize("prefix", ["", "admin/"])
+def test_app_id_tells_a_page_the_server_is_back_and_nothing_else(edge, prefix):
+    cookies = console_cookie(edge.url) if prefix else {}
+    r = httpx.get(f"{edge.url}{prefix}gradio_api/app_id", cookies=cookies, timeout=10)
+    assert r.status_code == 200
+    assert list(r.json()) == ["app_id"]

@@ -60,7 +60,7 @@ def conversations(load_output: list) -> list:
 def test_a_stranger_with_the_victims_session_hash_gets_nothing_of_it(server_url, events):
     victim, stranger, anonymous = browser(server_url), browser(server_url), httpx.Client(timeout=30)
     session = uuid.uuid4().hex
-    key = output(run(victim, server_url, events["on_load"], [""], session))[0]
+    key = output(run(victim, server_url, events["on_load"], ["", None], session))[0]
     # The victim asks; while the answer is on its way, the stranger tries every route that names the hash.
     joined = join(victim, server_url, events["send"], [f"我的订单 {session[:6]} 还没发货", "电商客服", None, key, None],
                   session)
@@ -73,7 +73,7 @@ def test_a_stranger_with_the_victims_session_hash_gets_nothing_of_it(server_url,
                 "session_hash": session, "fn_index": events["send"]["id"], "event_id": joined.json()["event_id"]}),
             # an event run inside the victim's session, with its state
             answer(client, "POST", server_url + "gradio_api/queue/join", json={
-                "data": [key], "fn_index": events["on_load"]["id"], "session_hash": session, "event_data": None,
+                "data": [key, None], "fn_index": events["on_load"]["id"], "session_hash": session, "event_data": None,
                 "trigger_id": events["on_load"]["targets"][0][0]}),
         ]
         assert tried == [(403, NOT_YOURS)] * 4
@@ -81,8 +81,8 @@ def test_a_stranger_with_the_victims_session_hash_gets_nothing_of_it(server_url,
         assert deep_link == (404, {"detail": "Not Found"})
     # ... and the victim's answer reaches the victim whole.
     final = output(stream(victim, server_url, session))
-    assert final[0][-1]["metadata"]["title"].startswith("⚡") and final[3] == key
-    assert len(conversations(output(run(victim, server_url, events["on_load"], [key], session)))) == 1
+    assert final[0][-1]["metadata"]["title"].startswith("已回复") and final[3] == key  # (no first text reported)
+    assert len(conversations(output(run(victim, server_url, events["on_load"], [key, None], session)))) == 1
 
 
 def test_a_page_asked_for_a_deep_link_is_the_plain_page(server_url):
@@ -98,15 +98,15 @@ def test_keys_the_server_did_not_issue_open_nothing(server_url, events, db, sett
     forged = [stored_key, f"api-{api.session_hash}", uuid.uuid4().hex, "", "b." + "A" * 22 + "." + "A" * 22,
               "k" * 900_000, 12345]
     for value in forged:  # /chat's own key, its old form, a key of the old form, a key of no one, giant, a number
-        key, _, listed = output(run(client, server_url, events["on_load"], [value], uuid.uuid4().hex))
+        key, _, listed, *_ = output(run(client, server_url, events["on_load"], [value, None], uuid.uuid4().hex))
         assert (listed["choices"], key != value) == ([], True), value  # a fresh key, with no conversation
     keys = server_keys(settings.data_dir)
     assert stored_key == keys.api(api.session_hash) and stored_key.startswith("a.")
     issued = keys.mint_browser()
     tampered = issued[:-1] + ("B" if issued[-1] != "B" else "C")
-    key, _, listed = output(run(client, server_url, events["on_load"], [tampered], uuid.uuid4().hex))
+    key, _, listed, *_ = output(run(client, server_url, events["on_load"], [tampered, None], uuid.uuid4().hex))
     assert keys.browser(key) == key != tampered and listed["choices"] == []
-    key, _, listed = output(run(client, server_url, events["on_load"], [issued], uuid.uuid4().hex))
+    key, _, listed, *_ = output(run(client, server_url, events["on_load"], [issued, None], uuid.uuid4().hex))
     assert (key, listed["choices"]) == (issued, [])  # an issued key is kept
 
 
@@ -123,9 +123,9 @@ def test_a_giant_or_forged_session_key_writes_nothing(services, engine_loop, tmp
         for value in ("k" * 900_000, f"api-{uuid.uuid4().hex}", "b.forged.key"):
             for _ in range(5):  # the page loads (the template picker fills), then its message comes with ``value``
                 session = uuid.uuid4().hex
-                run(client, url, load, [value], session)
+                run(client, url, load, [value, None], session)
                 out = output(run(client, url, send, ["你好", "电商客服", None, value, None], session))
-                assert [m["content"][0]["text"] for m in out[0]] == [EXPIRED]
+                assert [m["content"][0]["text"] for m in out[0]] == ["提示：" + EXPIRED]
                 assert server_keys(tmp_path).browser(out[3]) == out[3]  # the page gets a key of the server's
         assert (db["conversations"].count, db["messages"].count) == before
         assert (path.stat().st_size, path.with_name("prefixdesk.db-wal").stat().st_size) == sizes

@@ -11,12 +11,13 @@ CASES = [
     ("assistant", "  indented first line\n      and a deeper one\n    back\n\n", None),  # cleandoc'd by Gradio
     ("assistant", "\tTabbed\ttext\n\n\n", None),
     ("assistant", "", None),
-    ("assistant", "缓存命中 1024 / 1065 个提示 token · 引擎首 token 12 ms", "⚡ 12 毫秒开始回答 · 客服手册已在缓存中"),
-    ("assistant", "<script>alert(1)</script> **bold**", "⚠️ Notice"),
+    ("assistant", "首字显示 951 毫秒 · 服务器开始回复 12 毫秒 · 已读资料复用 1024/1065", "1.0 秒内开始回复"),
+    ("assistant", "提示：<script>alert(1)</script> **bold**", None),
 ]
 
 
 def test_each_message_is_what_gradios_chatbot_makes_of_it():
+    # What Gradio makes of the text as the chat shows it (HTML escaped: app/web/chat.py as_text).
     as_chat_sends = [{"role": role, "content": as_text(text), **({"metadata": {"title": title, "status": "done"}} if title
                                                         else {})} for role, text, title in CASES]
     assert gr.Chatbot().postprocess(as_chat_sends).model_dump() == [_message(*case) for case in CASES]

@@ -1,28 +1,115 @@
 () => {
-  // Browser first glyph: from Enter (or the send button) to the first glyph of the *new* answer on screen.
-  // Each answer is one bot group in the chatbot; the question's answer is the group at the index the
-  // chat had groups when it was sent (the previous answers come before it). The time is taken after
-  // the next frame is painted (requestAnimationFrame runs before the paint, the task after it runs
-  // after), and the caption's details show it for that answer. On a phone the sidebar starts closed.
-  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}};
+  // Browser first glyph: from Enter (or the send button, or Retry) to the first glyph of the *new* answer on
+  // screen. Each answer is one bot group in the chatbot; the question's answer is the group at the index the
+  // chat had groups when it was sent (Retry: the last group, once the old answer, captioned, has gone). The
+  // time is taken after the next frame is painted (requestAnimationFrame runs before the paint, the task after
+  // it runs after). Once the answer's caption is drawn, the time goes to the server through the page's private
+  // report box (#pd-glyph-report), which stores it with the answer and writes it into the caption's title.
+  const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}, reported: {}};
   const answers = () => [...document.querySelectorAll('#chatbot .message.bot')];
-  // An answer's own text: its messages that are not a caption or notice (those fold under a title).
+  const captioned = (group) => !!group.querySelector('.thought-group');
+  // An answer's own text: its messages that are not a caption (those fold under a title).
   const text = (group) => [...group.querySelectorAll('[data-testid=bot]')]
     .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
-  const start = () => { state.pending = {t0: performance.now(), index: answers().length}; };
+  const start = (retry) => {
+    if (!retry && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
+    // A notice alone in the last group (a refusal) gives way to the answer: the answer takes its place.
+    const groups = answers(), last = groups[groups.length - 1];
+    const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
+    const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
+    delete state.byAnswer[index]; delete state.reported[index];
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot()};
+  };
+  const report = (ms) => {
+    const box = document.querySelector('#pd-glyph-report textarea');
+    if (!box) return;
+    box.value = String(ms);
+    box.dispatchEvent(new Event('input', {bubbles: true}));
+    setTimeout(() => document.querySelector('#pd-glyph-send')?.click(), 0);  // once the box holds the value
+  };
   document.addEventListener('keydown', (e) => {
-    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target.closest('#message')) start();
+    if (e.key === 'Enter' && !e.shiftKey && !e.isComposing && e.target.closest('#message')) start(false);
   }, true);
   document.addEventListener('click', (e) => {
-    if (e.target.closest('#send')) start();
-    if (e.target.closest('#retry')) { delete state.byAnswer[answers().length - 1]; state.pending = null; }
-    if (e.target.closest('#conversations, #new-conversation')) { state.byAnswer = {}; state.pending = null; }
+    if (e.target.closest('#send')) start(false);
+    if (e.target.closest('#retry, #continue')) start(true);
+    if (e.target.closest('#conversations, #new-conversation')) {
+      state.byAnswer = {}; state.reported = {}; state.pending = null;
+    }
   }, true);
+  // What the customer typed survives a reload and a server restart (after which Gradio reloads the page): the
+  // box's text is kept in the browser as it is typed, and a question on its way until the page shows it.
+  const TEXT = /*PD_TEXT*/{};
+  const DRAFT = 'prefixdesk-draft', SENDING = 'prefixdesk-sending';
+  const keep = (k, v) => { try { if (v) localStorage.setItem(k, v); else localStorage.removeItem(k); } catch (e) {} };
+  const kept = (k) => { try { return localStorage.getItem(k) || ''; } catch (e) { return ''; } };
+  const box = () => document.querySelector('#message textarea');
+  const fill = (text) => {
+    const b = box();
+    if (b && !b.value && text) { b.value = text; b.dispatchEvent(new Event('input', {bubbles: true})); }
+  };
+  const lastQuestion = () => {
+    const asked = [...document.querySelectorAll('#chatbot [data-testid=user]')];
+    return asked.length ? asked[asked.length - 1].innerText.trim() : null;
+  };
+  let touched = false;
+  document.addEventListener('input', (e) => {
+    if (e.isTrusted && e.target.closest('#message')) { touched = true; keep(DRAFT, e.target.value); }
+  }, true);
+  document.addEventListener('keydown', (e) => { if (e.target.closest('#message')) touched = true; }, true);
+  const restore = (tries) => {
+    if (!document.querySelector('#template input')?.value) { if (tries > 0) setTimeout(() => restore(tries - 1), 100); return; }
+    setTimeout(() => {  // the load event has drawn the open conversation by now
+      if (touched) return;  // the customer is typing or has sent already: their box is theirs
+      const sending = kept(SENDING);
+      if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');
+      fill(kept(DRAFT) || kept(SENDING));
+    }, 300);
+  };
+  restore(300);
   new MutationObserver(() => {
+    const sending = kept(SENDING);
+    if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');  // the server has it
+    // Gradio's own "connection lost" toast, in the page's language; the question goes back to the box.
+    for (const toast of document.querySelectorAll('[data-testid=toast-body]:not([data-pd])')) {
+      if (!/Connection/i.test(toast.innerText)) continue;
+      toast.dataset.pd = '1';
+      const text = toast.querySelector('[data-testid=toast-text]');
+      if (text) text.innerText = TEXT.offline || text.innerText;
+      const title = toast.querySelector('.toast-title-row span');
+      if (title) title.innerText = TEXT.offline_title || title.innerText;
+      fill(kept(SENDING));
+    }
+  }).observe(document.body, {childList: true, subtree: true, characterData: true});
+  // The composer says what can be done now: Stop only while an answer streams, Retry only when it has ended,
+  // Continue only under an answer cut off at its length.
+  const lastBot = () => {
+    const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
+    return bots.length ? bots[bots.length - 1].innerText.trim() : '';
+  };
+  const composer = () => {
+    const p = state.pending, groups = answers(), last = groups[groups.length - 1];
+    if (p && !p.done) {
+      const group = groups[p.index], bot = lastBot();
+      const answered = group && captioned(group) && (!p.retry || p.fresh);
+      const refused = bot !== p.bot && bot.startsWith(TEXT.notice.trim());
+      if (answered || refused) p.done = true;
+    }
+    const streaming = !!p && !p.done;
+    const title = last && last.querySelector('.thought-group .title');
+    const row = document.querySelector('#pd-composer');  // (Gradio scopes the page's CSS to its container)
+    if (!row) return;
+    row.classList.toggle('pd-streaming', streaming);
+    row.classList.toggle('pd-cut', !streaming && !!title && title.innerText.includes(TEXT.cut_off));
+  };
+  new MutationObserver(() => {
+    composer();
     const p = state.pending;
     if (p && p.t1 === undefined) {
       const group = answers()[p.index];
-      if (group && text(group)) {
+      // A retried answer counts once the old one (captioned) has given way to the streaming one.
+      if (p.retry && (!group || !captioned(group))) p.fresh = true;
+      if (group && text(group) && (!p.retry || p.fresh)) {
         p.t1 = performance.now();
         requestAnimationFrame(() => setTimeout(() => {
           const ms = Math.round(performance.now() - p.t0);
@@ -31,9 +118,9 @@
         }, 0));
       }
     }
-    for (const span of document.querySelectorAll('#chatbot .pd-glyph:not([data-filled])')) {
-      const ms = state.byAnswer[answers().indexOf(span.closest('.message.bot'))];
-      if (ms !== undefined) { span.textContent = String(ms); span.dataset.filled = '1'; }
+    for (const [index, ms] of Object.entries(state.byAnswer)) {
+      const group = answers()[+index];
+      if (!state.reported[index] && group && captioned(group)) { state.reported[index] = true; report(ms); }
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   if (window.matchMedia('(max-width: 640px)').matches) {

@@ -1,0 +1,74 @@
+"""Stop, many times over, as an impatient customer presses it: in one page one answer after another, and across
+pages. Each Stop keeps the partial answer (stored as stopped, shown with its mark), lists the conversation in the
+sidebar at once, and leaves the page working: no "Error" badge, no toast, the box and the buttons usable."""
+
+import time
+
+import pytest
+
+from app.core.desk import STOPPED
+from tests.helpers.browser import DESKTOP, PHONE, screenshot
+from tests.helpers.chat_page import (ANSWERS, caption, conversation, database_of, faults, long_answers_server,
+                                     open_chat, tag)
+
+STOPS_IN_ONE_PAGE = 20
+PAGES = 10  # one Stop each, then a second page in the same browser context reopens it
+
+
+@pytest.fixture(scope="module")
+def long_answers(services, engine_loop, tmp_path_factory):
+    server = long_answers_server(services, engine_loop, tmp_path_factory.mktemp("stops"))
+    with server as url:
+        yield url, database_of(server)
+
+
+def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> dict:
+    """Ask, press Stop at the answer's first text (``at_once``: right after Enter, while the question is on its
+    way), and check what the page and the database then hold."""
+    box = page.locator("#message textarea")
+    box.fill(question)
+    box.press("Enter")
+    if at_once:
+        page.locator("#chatbot [data-testid=user]").nth(index).wait_for(timeout=30_000)
+    else:
+        page.wait_for_function("""(i) => {
+            const g = document.querySelectorAll('#chatbot .message.bot')[i];
+            return g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
+        }""", arg=index, polling=20, timeout=60_000)
+    page.locator("#stop").click(force=True)
+    caption(page, index).filter(has_text="Stopped").wait_for(timeout=30_000)
+    rows = conversation(db, question)
+    assert rows[-2]["text"] == question
+    row = rows[-1]
+    page.locator("#conversations label").first.wait_for(timeout=10_000)
+    assert faults(page) == [], f"after Stop {index}: {faults(page)}"
+    return row
+
+
+def test_thirty_stops_never_break_the_page(browser, long_answers, engine):
+    url, db = long_answers
+    started = time.monotonic()
+    page = open_chat(browser, url, DESKTOP)
+    first = f"Tell me everything about returns. {tag()}"
+    for i in range(STOPS_IN_ONE_PAGE):
+        question = first if i == 0 else f"And then? {i} {tag()}"
+        row = stop_one(page, db, question, i, at_once=i % 2 == 1)
+        assert (row["status"], row["error"]) == ("stopped", STOPPED)
+        assert page.locator(ANSWERS).count() == i + 1
+    # One conversation, every question in it, every answer stopped; the sidebar lists it once.
+    rows = conversation(db, first)
+    assert [(r["role"], r["status"]) for r in rows] == [("user", "ok"), ("assistant", "stopped")] * STOPS_IN_ONE_PAGE
+    assert page.locator("#conversations label").count() == 1
+    assert page.locator("#chatbot [data-testid=user]").count() == STOPS_IN_ONE_PAGE
+    screenshot(page, "chat-many-stops")
+    page.close()
+
+    for n in range(PAGES):
+        viewport = PHONE if n % 2 else DESKTOP
+        page = open_chat(browser, url, viewport)
+        question = f"Explain the warranty, step by step. {n} {tag()}"
+        row = stop_one(page, db, question, 0, at_once=n % 2 == 1)
+        assert (row["status"], row["error"]) == ("stopped", STOPPED)
+        page.close()
+    assert engine.num_unfinished_requests() == 0
+    print(f"{STOPS_IN_ONE_PAGE + PAGES} stops in {time.monotonic() - started:.1f} s")

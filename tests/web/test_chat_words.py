@@ -1,0 +1,91 @@
+"""Every text a customer can read comes from the UI language's table, in plain words: the desk's refusals are
+codes said there (zh and en alike), never English from the core or a number of tokens; a notice is shown as
+it is, and a second one takes the place of the first."""
+
+import re
+import string
+
+import pytest
+
+from app.core.refusals import ENGLISH
+from app.web.chat_text import API_TEXT, TEXT, refusal_text
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
+from tests.helpers.chat_page import ANSWERS, faults, open_chat, tag, wait_for_status
+
+ENGINEERING = re.compile(r"token|prompt|cache|system prompt|tenant|engine|缓存|提示词|令牌|引擎|租户", re.I)
+PYTHON_REPR = re.compile(r"<class |Traceback|\bValue: |\{'|\['|None\b|Error\b|\\n")
+
+
+def customer_texts(language: str) -> list[str]:
+    table = TEXT[language]
+    return [v for k, v in table.items() if k != "refusals"] + list(table["refusals"].values())
+
+
+def test_zh_and_en_say_the_same_things_and_every_refusal_has_its_words():
+    assert TEXT["zh"].keys() == TEXT["en"].keys()
+    assert TEXT["zh"]["refusals"].keys() == TEXT["en"]["refusals"].keys() == ENGLISH.keys()
+    for language in TEXT:  # the same parameters in both languages' words
+        for code, text in TEXT[language]["refusals"].items():
+            named = {f for _, f, _, _ in string.Formatter().parse(text) if f}
+            assert named <= {f for _, f, _, _ in string.Formatter().parse(ENGLISH[code]) if f}, (language, code)
+
+
+@pytest.mark.parametrize("language", ["zh", "en"])
+def test_no_customer_text_speaks_of_engineering_or_shows_a_python_value(language):
+    for text in customer_texts(language):
+        text = re.sub(r"\{[a-z_]+\}", "", text)  # the names of its parameters are no text anyone reads
+        assert not ENGINEERING.search(text), text
+        assert not PYTHON_REPR.search(text), text
+    assert "⚠" not in "".join(customer_texts(language)) and "⏹" not in "".join(customer_texts(language))
+
+
+def test_a_refusal_is_said_with_its_parameters_and_an_unknown_one_is_the_apology():
+    assert refusal_text("rate", {"per_minute": 3, "wait_s": 12}, "zh") == "您发送得有点快，请等 12 秒后再发送。"
+    assert refusal_text("message_chars", {"chars": 20001, "limit": 20000}, "en") == (
+        "This message is too long (20001 characters; at most 20000). Please shorten it or send it in parts.")
+    assert refusal_text("no such code", {}, "zh") == TEXT["zh"]["refusals"]["internal"]
+    assert refusal_text("rate", {}, "en") == TEXT["en"]["refusals"]["internal"]  # a parameter missing
+    assert API_TEXT["zh"].keys() == API_TEXT["en"].keys() == {"api_message", "api_template", "api_conversation",
+                                                              "api_history", "api_tenant"}
+
+
+def notices(page) -> list[str]:
+    return page.locator("#chatbot [data-testid=bot]").evaluate_all(
+        "ms => ms.map(m => m.innerText.trim()).filter(t => t.startsWith('提示：') || t.startsWith('Note: '))")
+
+
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
+def test_a_zh_customer_reads_refusals_in_plain_chinese_and_they_never_stack(browser, server_url, db, viewport):
+    page = open_chat(browser, server_url, viewport)
+    box = page.locator("#message textarea")
+    for _ in range(3):  # empty sends: one notice, the latest, never three
+        box.fill("   ")
+        box.press("Enter")
+    page.wait_for_function("document.querySelectorAll('#chatbot [data-testid=bot]').length > 0")
+    assert notices(page) == ["提示：请输入问题后再发送。"]
+
+    # A message too long for the model: stored, answered with a plain notice (no numbers of tokens), which
+    # takes the place of the empty-send notice; the conversation reopened later says the same.
+    long_question = f"{tag()} " + "我的订单有问题，" * 600
+    box.fill(long_question)
+    box.press("Enter")
+    row = wait_for_status(db, long_question.strip(), 0)
+    assert (row["status"], row["error_code"]) == ("error", "message_too_long")
+    assert "tokens" in row["error"]  # the operators' precise English stays in the record
+    page.wait_for_function("() => [...document.querySelectorAll('#chatbot [data-testid=bot]')].some("
+                           "m => m.innerText.includes('这条消息太长了'))", timeout=30_000)
+    assert notices(page) == ["提示：这条消息太长了，请缩短后再发送。"]
+    text = page.locator("#chatbot").inner_text()
+    assert not ENGINEERING.search(text) and "⚠" not in text
+    assert_tidy(page)
+    screenshot(page, "chat-refusal-zh")
+    assert faults(page) == []
+
+    page.reload()
+    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=30_000)
+    if viewport == PHONE:
+        page.locator("#pd-sidebar .toggle-button").click()
+    page.locator("#conversations label").filter(has_text=long_question.strip()[:20]).first.click()
+    page.locator(ANSWERS).first.wait_for(timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('这条消息太长了')")
+    page.close()
