@@ -51,7 +51,9 @@ CONFIG_PATH = "config"
 JOIN_PATH = "gradio_api/queue/join"
 DATA_PATH = "gradio_api/queue/data"
 PREDICT_PATH = "gradio_api/run/predict"  # events that skip the queue
-BROWSER_COOKIE = "pd_browser"  # the cookie app/web/sessions.py binds a session hash to
+BROWSER_COOKIE = "pd_browser"
+SESSION_KEY = "sessionkey"  # the kind find_chat_page gives the BrowserState that holds the session key
+SESSION_STORAGE_KEY = "prefixdesk-session"  # that BrowserState's storage key (app/web/chat.py)  # the cookie app/web/sessions.py binds a session hash to
 MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
@@ -69,7 +71,9 @@ class PageEvent:
 
     fn_index: int
     trigger_id: int | None
-    input_types: tuple[str, ...]  # component types, e.g. ("textbox", "dropdown", "state", "browserstate", "state")
+    # component types, e.g. ("textbox", "dropdown", "state", "sessionkey", "state"); "sessionkey" is the
+    # BrowserState holding the session key (the page may keep other values in the browser too)
+    input_types: tuple[str, ...]
     output_types: tuple[str, ...]
     queued: bool = True  # False: the browser calls it with one POST, outside Gradio's queue
 
@@ -86,12 +90,17 @@ class ChatPage:
 
     @property
     def session_index(self) -> int:
-        return self.load.output_types.index("browserstate")
+        return self.load.output_types.index(SESSION_KEY)
 
 
 def find_chat_page(config: dict) -> ChatPage:
     """The load and send events of the chat page's ``/config``; raises ChatPageError when absent."""
     types = {c["id"]: c["type"] for c in config["components"]}
+    kept = [c for c in config["components"] if c["type"] == "browserstate"]
+    session = next((c for c in kept if (c.get("props") or {}).get("storage_key") == SESSION_STORAGE_KEY),
+                   kept[0] if kept else None)
+    if session is not None:
+        types[session["id"]] = SESSION_KEY
     box = next((c["id"] for c in config["components"] if (c.get("props") or {}).get("elem_id") == MESSAGE_BOX), None)
     load = send = None
     events, follows = {}, {}
@@ -103,7 +112,7 @@ def find_chat_page(config: dict) -> ChatPage:
         events[event.fn_index] = event
         if dep.get("trigger_after") is not None and not dep.get("trigger_only_on_failure"):
             follows.setdefault(dep["trigger_after"], []).append(event.fn_index)
-        if any(kind == "load" for _, kind in targets) and "browserstate" in event.output_types:
+        if any(kind == "load" for _, kind in targets) and SESSION_KEY in event.output_types:
             load = event
         if box is not None and (box, "submit") in targets:
             send = event
@@ -114,8 +123,9 @@ def find_chat_page(config: dict) -> ChatPage:
 
 
 def send_inputs(event: PageEvent, *, question: str, template: str, session_key: str) -> list:
-    """The values a browser sends for ``event``'s inputs: server-side states go as null."""
-    values = {"textbox": question, "dropdown": template, "browserstate": session_key}
+    """The values a browser sends for ``event``'s inputs: server-side states, and a fresh browser's other stored
+    values, go as null."""
+    values = {"textbox": question, "dropdown": template, SESSION_KEY: session_key}
     return [values.get(kind) for kind in event.input_types]
 
 

@@ -497,7 +497,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                   queue=False, **private)
         conversations.input(open_conversation, [conversations, session_key],
                             [chatbot, shown, conversation_id, template, conversations, person_timer, seen],
-                            preprocess=False, **private)
+                            **private)
         fresh = {"fn": lambda: ([], [], None, gr.update(value=None), gr.Timer(active=False)), "inputs": None,
                  "outputs": [chatbot, shown, conversation_id, conversations, person_timer]}
         new_btn.click(**fresh, **private)
