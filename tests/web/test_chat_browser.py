@@ -53,7 +53,9 @@ def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numb
         assert first_visible(db, row["id"]) == glyph_ms
         page.wait_for_function("([i, text]) => document.querySelectorAll('#chatbot .message.bot')[i]"
                                "?.querySelector('.thought-group .title')?.innerText.trim() === text",
-                               arg=[i, f"{seconds(glyph_ms)} 秒内开始回复"], timeout=10_000)
+                               arg=[i, f"{seconds(glyph_ms)} 秒内开始回复"
+                                       + (" · 回答较长，已截断" if row["finish_reason"] == "length" else "")],
+                               timeout=10_000)
         caption(page, i).click()
         details = page.locator(ANSWERS).nth(i).locator(".thought-group .content")
         # The server's figures, in plain words; a customer is told of no more reuse than the template's 1,024.
