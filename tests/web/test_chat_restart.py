@@ -37,9 +37,11 @@ def test_a_restarted_server_breaks_nothing_on_an_open_page(browser, tmp_path):
         page.wait_for_function("document.querySelector('#message textarea').value === '还有一个问题没发'")
         screenshot(page, "chat-offline")
 
-        server = AppProcess(env)
-        server.wait_ready()
         # Gradio reloads the page once it reaches the server again: the open conversation and the text are back.
+        # (Waited for as a navigation: the page from before the restart still shows the conversation.)
+        with page.expect_navigation(timeout=240_000):
+            server = AppProcess(env)
+            server.wait_ready()
         page.wait_for_function(f"({READY}) && document.querySelectorAll('#chatbot [data-testid=user]').length",
                                timeout=60_000)
         page.wait_for_function("document.querySelector('#message textarea').value === '还有一个问题没发'",
