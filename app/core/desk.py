@@ -225,13 +225,7 @@ class Desk:
     async def retry(self, *, session_key: str, client: str, conversation_id: int,
                     tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Answer the last question of a stored conversation again; the new answer replaces the old."""
-        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
-        if template_name is None:
-            raise DeskInputError("no_conversation")
-        template = self.customer_template(template_name)
-        self._check_rate(client)
-        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
-        template = await self._on_version(template, state.template_version_id if state else None)
+        template = await self._stored_template(client, conversation_id)
         try:
             turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
                                        conversation_id=conversation_id, template_version_id=template.version_id)
@@ -254,13 +248,7 @@ class Desk:
                               tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
         with the answer so far (no new question), and the stored row gets the whole text."""
-        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
-        if template_name is None:
-            raise DeskInputError("no_conversation")
-        template = self.customer_template(template_name)
-        self._check_rate(client)
-        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
-        template = await self._on_version(template, state.template_version_id if state else None)
+        template = await self._stored_template(client, conversation_id)
         try:
             turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
                                               conversation_id=conversation_id)
@@ -278,6 +266,17 @@ class Desk:
         async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial,
                                           session_key=session_key):
             yield event
+
+    async def _stored_template(self, client: str, conversation_id: int) -> TemplateInfo:
+        """The template a stored conversation is answered with, at its own version, once its client's rate
+        allows another answer (retry and continue)."""
+        template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
+        if template_name is None:
+            raise DeskInputError("no_conversation")
+        template = self.customer_template(template_name)
+        self._check_rate(client)
+        state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
+        return await self._on_version(template, state.template_version_id if state else None)
 
     async def conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
         """The stored messages of a conversation this browser owns, as its customer may see them
