@@ -17,8 +17,9 @@ def test_the_sampler_batch_runs_all_at_once_and_moves_no_hit_rate(engine, servic
     assert after.max_running_seen == SAMPLER_BATCH  # all of them in one engine step: the batched sampler ran
     assert after.num_engine_tokens - before.num_engine_tokens == BATCH_TOKENS
     # No prefix-cache lookup, so vLLM's queries and hits, the console's hit rate, did not move.
-    assert (after.queries, after.hits, after.recent_queries, after.recent_hits) == (
-        before.queries, before.hits, before.recent_queries, before.recent_hits)
+    assert (after.queries, after.hits) == (before.queries, before.hits)
+    # The recent window only ages meanwhile (on a slow machine it drops the oldest steps): it gained nothing.
+    assert after.recent_queries <= before.recent_queries and after.recent_hits <= before.recent_hits
 
 
 def test_a_server_reports_ready_only_after_the_sampler_batch(services, engine, engine_loop, tmp_path):
