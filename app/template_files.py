@@ -3,8 +3,14 @@
     name: 电子产品
     parent: 商城通用规则
     language: zh
+    title: 手机电脑
+    example: 手机屏幕碎了能保修吗？
+    example: 电脑激活后还能退吗？
     ---
     当前商品类别：电子产品……
+
+``title`` is the topic's name for customers; each ``example`` line is a question an empty chat suggests (at
+most MAX_EXAMPLES, in the file's order).
 """
 
 from __future__ import annotations
@@ -12,7 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-HEADER_KEYS = ("name", "parent", "language", "pinned", "internal")
+HEADER_KEYS = ("name", "parent", "language", "pinned", "internal", "title", "example")
+MAX_TITLE_CHARS = 60
+MAX_EXAMPLES = 4
+MAX_EXAMPLE_CHARS = 200
 
 
 class TemplateFileError(ValueError):
@@ -27,6 +36,8 @@ class TemplateFile:
     language: str = "zh"
     pinned: bool = False
     internal: bool = False  # a shared base for other templates, never offered to customers
+    title: str = ""  # the topic's name for customers ("" shows the name)
+    examples: tuple[str, ...] = ()  # questions an empty chat suggests
 
 
 def parse(content: str, *, source: str = "<text>") -> TemplateFile:
@@ -34,6 +45,7 @@ def parse(content: str, *, source: str = "<text>") -> TemplateFile:
     if not sep:
         raise TemplateFileError(f"{source}: no '---' line between the header and the text")
     fields: dict[str, str] = {}
+    examples: list[str] = []
     for line in head.splitlines():
         if not line.strip():
             continue
@@ -41,9 +53,16 @@ def parse(content: str, *, source: str = "<text>") -> TemplateFile:
         key = key.strip()
         if not colon or key not in HEADER_KEYS:
             raise TemplateFileError(f"{source}: header line {line!r} is not one of {', '.join(HEADER_KEYS)}")
-        fields[key] = value.strip()
+        if key == "example":
+            examples.append(value.strip())
+        else:
+            fields[key] = value.strip()
     if not fields.get("name"):
         raise TemplateFileError(f"{source}: the header needs a 'name:' line")
+    try:
+        title, examples = check_presentation(fields.get("title", ""), examples)
+    except ValueError as exc:
+        raise TemplateFileError(f"{source}: {exc}") from None
     return TemplateFile(
         name=fields["name"],
         text=text.strip(),
@@ -51,7 +70,29 @@ def parse(content: str, *, source: str = "<text>") -> TemplateFile:
         language=fields.get("language", "zh") or "zh",
         pinned=fields.get("pinned", "").lower() in ("1", "true", "yes"),
         internal=fields.get("internal", "").lower() in ("1", "true", "yes"),
+        title=title,
+        examples=examples,
     )
+
+
+def check_presentation(title: str, examples: list[str] | tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
+    """``(title, examples)`` as stored: stripped, empty questions dropped; raises ValueError saying what to
+    change when the title or a question is too long, or there are too many questions."""
+    title = title.strip()
+    questions = tuple(q.strip() for q in examples if q.strip())
+    if len(title) > MAX_TITLE_CHARS:
+        raise ValueError(f"the title has {len(title):,} characters; at most {MAX_TITLE_CHARS} fit the topic picker. "
+                         "Shorten it.")
+    if any("\n" in q for q in questions):
+        raise ValueError("a suggested question must be one line.")
+    if len(questions) > MAX_EXAMPLES:
+        raise ValueError(f"{len(questions)} suggested questions; an empty chat shows at most {MAX_EXAMPLES}. "
+                         "Keep the best ones.")
+    for q in questions:
+        if len(q) > MAX_EXAMPLE_CHARS:
+            raise ValueError(f"a suggested question has {len(q):,} characters; at most {MAX_EXAMPLE_CHARS}. "
+                             "Shorten it.")
+    return title, questions
 
 
 def render(template: TemplateFile) -> str:
@@ -63,6 +104,9 @@ def render(template: TemplateFile) -> str:
         lines.append("pinned: true")
     if template.internal:
         lines.append("internal: true")
+    if template.title:
+        lines.append(f"title: {template.title}")
+    lines += [f"example: {q}" for q in template.examples]
     return "\n".join(lines) + "\n---\n" + template.text.strip() + "\n"
 
 

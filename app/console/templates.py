@@ -146,6 +146,10 @@ class Templates:
     async def set_flag(self, *, name: str, flag: str, value: bool, user: str) -> Change:
         return await self._change(db_templates.set_flag, name=name, flag=flag, value=value, user=user)
 
+    async def set_presentation(self, *, name: str, title: str, examples: list[str], user: str) -> Change:
+        """What customers see of ``name``: its title and the questions an empty chat suggests."""
+        return await self._change(db_templates.set_presentation, name=name, title=title, examples=examples, user=user)
+
     async def import_files(self, contents: list[tuple[str, str]], *, user: str) -> list[Change]:
         """Create or update templates from template files (name, content) and publish what changed.
         Raises TemplateFileError for a malformed file; nothing is written then."""

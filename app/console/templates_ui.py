@@ -42,8 +42,9 @@ def build_templates_tab(console: Console):
     async def table() -> list[list]:
         return table_rows(console, await templates.rows())
 
-    async def info_line(name: str, select: int | None = None) -> tuple[str, int, dict, bool, bool, dict, dict, str]:
-        """The editor's fields for ``name``; the version picker shows ``select``, else the published version."""
+    async def info_line(name: str, select: int | None = None) -> tuple:
+        """The editor's fields for ``name`` (editor, below); the version picker shows ``select``, else the
+        published version."""
         d = await templates.detail(name)
         numbers = [v.number for v in d.versions]
         info = t["tpl_info"].format(parent=literal(d.parent) if d.parent else "—", language=d.language,
@@ -52,7 +53,7 @@ def build_templates_tab(console: Console):
         return (d.latest.text, d.latest.number,
                 gr.update(choices=numbers, value=select or d.published_version or numbers[-1]),
                 d.pinned, d.internal, gr.update(choices=numbers, value=numbers[0]),
-                gr.update(choices=numbers, value=numbers[-1]), info)
+                gr.update(choices=numbers, value=numbers[-1]), info, d.title, "\n".join(d.examples))
 
     async def refresh(request: gr.Request):
         await access.require(request)
@@ -62,11 +63,12 @@ def build_templates_tab(console: Console):
     async def open_template(name: str, request: gr.Request):
         await access.require(request)
         if not name:
-            return "", 0, gr.update(choices=[]), False, False, gr.update(choices=[]), gr.update(choices=[]), ""
+            return ("", 0, gr.update(choices=[]), False, False, gr.update(choices=[]), gr.update(choices=[]), "", "",
+                    "")
         try:
             return await info_line(name)
         except REFUSED as exc:
-            return (gr.skip(),) * 7 + (refused(exc),)
+            return (gr.skip(),) * 7 + (refused(exc), gr.skip(), gr.skip())
 
     async def live_preview(name: str, text: str, request: gr.Request):
         await access.require(request)
@@ -85,7 +87,7 @@ def build_templates_tab(console: Console):
             return refused(exc), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         # The new version is picked for publishing: "Publish this version" then publishes what was just saved;
         # the diff's lists gain it too (A: the first version, B: the new one).
-        _, latest, version, _, _, version_a, version_b, info = await info_line(name, select=change.after_version)
+        _, latest, version, _, _, version_a, version_b, info, *_ = await info_line(name, select=change.after_version)
         return (t["tpl_saved"].format(name=literal(name), version=change.after_version), latest, version, await table(),
                 info,
                 version_a, version_b)
@@ -106,7 +108,7 @@ def build_templates_tab(console: Console):
         message = t["tpl_published"].format(verb=verb, name=literal(name), before=before, after=change.after_version,
                                             ms=f"{result.elapsed_ms:.0f}", cached=result.num_cached_tokens,
                                             prefix=result.num_prefix_tokens)
-        *_, info = await info_line(name)
+        info = (await info_line(name))[7]
         return message, await table(), info
 
     async def set_flag(name: str, value: bool, flag: str, request: gr.Request):
@@ -117,6 +119,19 @@ def build_templates_tab(console: Console):
             return refused(exc), gr.skip()
         key = f"tpl_{flag}_{'on' if value else 'off'}"
         return t[key].format(name=literal(name)), await table()
+
+    async def present(name: str, title: str, examples: str, request: gr.Request):
+        """What customers see of the template: its title in the topic picker, the questions an empty chat offers."""
+        user = await access.require(request)
+        if not name:
+            return t["tpl_pick_first"]
+        try:
+            await templates.set_presentation(name=name, title=title if isinstance(title, str) else "",
+                                             examples=(examples if isinstance(examples, str) else "").splitlines(),
+                                             user=user)
+        except REFUSED as exc:
+            return refused(exc)
+        return t["tpl_presented"].format(name=literal(name))
 
     async def pin(name: str, value: bool, request: gr.Request):
         return await set_flag(name, value, "pinned", request)
@@ -199,6 +214,12 @@ def build_templates_tab(console: Console):
                 save_btn = gr.Button(t["tpl_save"], variant="primary", elem_id="save")
                 version = gr.Dropdown([], allow_custom_value=True, label=t["tpl_version"], elem_id="publish-version")
                 publish_btn = gr.Button(t["tpl_publish"], elem_id="publish")
+            with gr.Accordion(t["tpl_customers_see"], open=False, elem_id="template-presentation"):
+                with gr.Row():
+                    title = gr.Textbox(label=t["tpl_title"], max_length=60, elem_id="template-title", scale=1)
+                    examples = gr.Textbox(label=t["tpl_examples"], lines=4, max_lines=4, max_length=1000,
+                                          elem_id="template-examples", scale=2)
+                present_btn = gr.Button(t["tpl_present_save"], size="sm", elem_id="present")
             with gr.Row():
                 pinned = gr.Checkbox(label=t["tpl_pinned"], elem_id="pinned")
                 internal_box = gr.Checkbox(label=t["tpl_internal"], elem_id="internal")
@@ -229,7 +250,7 @@ def build_templates_tab(console: Console):
         exported = gr.File(label=t["exported"], file_count="multiple")
 
     quiet = {"show_progress": "minimal"}
-    editor = [text, base_version, version, pinned, internal_box, version_a, version_b, info]
+    editor = [text, base_version, version, pinned, internal_box, version_a, version_b, info, title, examples]
     refresh_btn.click(refresh, None, [templates_table, name, new_parent], api_name="templates", **quiet)
     name.change(open_template, name, editor, api_name="open", **quiet)
     text.change(live_preview, [name, text], [preview_md, rendered], api_name="preview", trigger_mode="always_last",
@@ -238,6 +259,7 @@ def build_templates_tab(console: Console):
                    [status, base_version, version, templates_table, info, version_a, version_b], api_name="save",
                    **quiet)
     publish_btn.click(publish, [name, version], [status, templates_table, info], api_name="publish")
+    present_btn.click(present, [name, title, examples], status, api_name="present", **quiet)
     pinned.input(pin, [name, pinned], [status, templates_table], api_name="pin", **quiet)
     internal_box.input(internal, [name, internal_box], [status, templates_table], api_name="internal", **quiet)
     delete_btn.click(delete, name, [status, templates_table, name], api_name="delete", **quiet)

@@ -244,6 +244,32 @@ class Desk:
                                           session_key=session_key):
             yield event
 
+    async def edit_last(self, *, session_key: str, client: str, conversation_id: int, message: Admitted,
+                        tenant: str = "") -> AsyncIterator[Progress | Finished]:
+        """Ask the conversation's last question again as the customer edited it (``message``, from ``admit``):
+        the new question and its answer replace the old ones, which are kept for the record."""
+        assert message.client == client, "a message admitted for another client"
+        template = await self._stored_template(client, conversation_id, check_rate=False)  # admit counted it
+        try:
+            turn = await self._begin(db_conversations.begin_edit, session_key=session_key,
+                                     conversation_id=conversation_id, text=message.text,
+                                     template_version_id=template.version_id)
+        except db_conversations.WithPerson as exc:
+            yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
+            return
+        except db_conversations.NotYours:
+            raise DeskInputError("no_conversation") from None
+        except LookupError:
+            raise DeskInputError("nothing_to_edit") from None
+        except StoreError as exc:
+            raise DeskInputError("not_saved", detail=str(exc)) from None
+        turns = await self._stored_turns(conversation_id)
+        if turns and turns[-1].role == "user":
+            turns.pop()
+        async for event in self._generate(turn, template, turns, message.text, client=client, tenant=tenant,
+                                          session_key=session_key):
+            yield event
+
     async def continue_answer(self, *, session_key: str, client: str, conversation_id: int,
                               tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
@@ -267,14 +293,15 @@ class Desk:
                                           session_key=session_key):
             yield event
 
-    async def _stored_template(self, client: str, conversation_id: int) -> TemplateInfo:
+    async def _stored_template(self, client: str, conversation_id: int, *, check_rate: bool = True) -> TemplateInfo:
         """The template a stored conversation is answered with, at its own version, once its client's rate
-        allows another answer (retry and continue)."""
+        allows another answer (retry and continue; an edit's rate was checked by ``admit``)."""
         template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
         if template_name is None:
             raise DeskInputError("no_conversation")
         template = self.customer_template(template_name)
-        self._check_rate(client)
+        if check_rate:
+            self._check_rate(client)
         state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
         return await self._on_version(template, state.template_version_id if state else None)
 

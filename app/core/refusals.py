@@ -18,6 +18,8 @@ ENGLISH = {
     "session": "This session is not valid; reload the page and send the message again.",
     "no_conversation": "That conversation does not exist here; please start a new one.",
     "nothing_to_retry": "This conversation has no question to answer again.",
+    "nothing_to_edit": "This conversation has no question to edit.",
+    "edit_last_only": "Only the last question of a conversation can be edited.",
     "no_template": "There is no published template named {name!r}. Choose one of: {shown}.",
     "not_saved": "Your message could not be saved, so it was not sent: {detail}.",
     "not_retried": "The answer could not be retried: {detail}.",

@@ -156,6 +156,37 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     return TurnIds(conversation_id, last_user.id, answer.id, template_version_id)
 
 
+def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
+               template_version_id: int) -> TurnIds:
+    """Ask the conversation's last question again as ``text`` (the customer edited it): the old question and
+    its answers are marked ``replaced`` (kept for the record, never shown or sent as context again), the new
+    question is stored with an empty answer to fill. A conversation still titled by the old question takes the
+    new one's title. Raises NotYours, LookupError when there is no question, WithPerson while a person answers."""
+    conv = s.get(Conversation, conversation_id)
+    if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
+        raise NotYours()
+    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
+                                           Message.status != "replaced").order_by(Message.id)).all()
+    last_user = next((m for m in reversed(rows) if m.role == "user"), None)
+    if last_user is None:
+        raise LookupError("This conversation has no question to edit.")
+    if conv.handoff:
+        raise WithPerson(conv.handoff, last_user.id)
+    for m in rows:
+        if m.id >= last_user.id:
+            m.status = "replaced"
+    if conv.title == last_user.text[:TITLE_CHARS] and not any(m.role == "user" and m.id < last_user.id for m in rows):
+        conv.title = text[:TITLE_CHARS]
+    now = utcnow()
+    user = Message(conversation_id=conversation_id, role="user", text=text, status="ok",
+                   template_version_id=template_version_id, created_at=now, finished_at=now)
+    answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+                     template_version_id=template_version_id)
+    s.add_all([user, answer])
+    s.flush()
+    return TurnIds(conversation_id, user.id, answer.id, template_version_id)
+
+
 class NothingToContinue(LookupError):
     """The conversation's last answer was not cut off at its budget."""
 

@@ -25,6 +25,10 @@ class Template(Base):
     language: Mapped[str] = mapped_column(String(16), default="zh")
     pinned: Mapped[bool] = mapped_column(default=False)
     internal: Mapped[bool] = mapped_column(default=False)  # shared base only: never offered to customers
+    # What customers see of it: its name in the topic picker (the template's name when empty), and the
+    # questions an empty chat suggests, one per line.
+    title: Mapped[str] = mapped_column(String(200), default="")
+    examples: Mapped[str] = mapped_column(Text, default="")
     published_version_id: Mapped[int | None] = mapped_column(
         ForeignKey("template_versions.id", use_alter=True, name="fk_templates_published_version")
     )

@@ -23,6 +23,13 @@ class TemplateInfo:
     # A live split: new conversations get the candidate version with probability candidate_share.
     candidate_version_id: int | None = None
     candidate_share: float = 0.0  # 0-1
+    title: str = ""  # the topic's name for customers ("" shows ``name``)
+    examples: tuple[str, ...] = ()  # questions an empty chat suggests
+
+    @property
+    def shown_name(self) -> str:
+        """The topic as customers see it named."""
+        return self.title or self.name
 
 
 @dataclass(frozen=True)
@@ -126,6 +133,8 @@ class TemplateDetail:
     internal: bool
     published_version: int | None
     versions: tuple[VersionRow, ...]
+    title: str = ""
+    examples: tuple[str, ...] = ()
 
     @property
     def latest(self) -> VersionRow:

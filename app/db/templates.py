@@ -126,6 +126,7 @@ def detail(s: Session, *, name: str) -> TemplateDetail:
         name=t.name, parent=t.parent.name if t.parent else "", language=t.language, pinned=t.pinned,
         internal=t.internal, published_version=t.published_version.number if t.published_version else None,
         versions=tuple(VersionRow(v.number, v.created_by, v.created_at, v.text) for v in t.versions),
+        title=t.title, examples=_examples(t),
     )
 
 
@@ -153,7 +154,8 @@ def export_files(s: Session) -> list[tuple[str, str]]:
     out = []
     for t in _live(s):
         f = template_files.TemplateFile(name=t.name, text=_current(t).text, parent=t.parent.name if t.parent else "",
-                                        language=t.language, pinned=t.pinned, internal=t.internal)
+                                        language=t.language, pinned=t.pinned, internal=t.internal, title=t.title,
+                                        examples=_examples(t))
         out.append((_file_name(t.name), template_files.render(f)))
     return out
 
@@ -168,7 +170,7 @@ def seed(s: Session, files: Sequence[template_files.TemplateFile]) -> int:
     by_name: dict[str, Template] = {}
     for f in files:
         template = Template(name=f.name, language=f.language, pinned=f.pinned, internal=f.internal,
-                            parent=by_name.get(f.parent))
+                            parent=by_name.get(f.parent), title=f.title, examples="\n".join(f.examples))
         version = TemplateVersion(template=template, number=1, text=f.text, created_by="seed")
         s.add_all([template, version])
         s.flush()
@@ -274,6 +276,24 @@ def set_flag(s: Session, *, name: str, flag: str, value: bool, user: str) -> Cha
     return Change(name, action, version, version)
 
 
+def set_presentation(s: Session, *, name: str, title: str, examples: Sequence[str], user: str) -> Change:
+    """Set what customers see of ``name``: its title in the topic picker ("" shows the name) and the questions
+    an empty chat suggests. Raises TemplateAdminError saying what to change (template_files.check_presentation)."""
+    t = _get(s, name)
+    try:
+        title, questions = template_files.check_presentation(title, tuple(examples))
+    except ValueError as exc:
+        raise TemplateAdminError(str(exc)[:1].upper() + str(exc)[1:]) from None
+    before = (t.title, _examples(t))
+    if before != (title, questions):
+        t.title, t.examples = title, "\n".join(questions)
+        audit.record(s, user=user, action="present", target=name, field="title | suggested questions",
+                     before=" | ".join((before[0], *before[1])), after=" | ".join((title, *questions)))
+        _bump(s)
+    version = t.published_version.number if t.published_version else None
+    return Change(name, "present", version, version)
+
+
 def start_split(s: Session, *, name: str, version: int, share: float, user: str, check_fits: CheckFits) -> Change:
     """Offer ``version`` to ``share`` (0.01-0.99) of new conversations beside the published version; a
     running split of ``name`` is replaced. Conversations keep the version they started on."""
@@ -354,6 +374,13 @@ def import_files(s: Session, *, files: Sequence[template_files.TemplateFile], us
         if f.pinned:
             set_flag(s, name=f.name, flag="pinned", value=True, user=user)
         changes.append(Change(f.name, "import", change.before_version, version))
+    changed = {c.template for c in changes}
+    for f in files:  # what customers see, as each file has it (a new text or not)
+        t = _get(s, f.name)
+        if (t.title, _examples(t)) != (f.title, f.examples):
+            change = set_presentation(s, name=f.name, title=f.title, examples=f.examples, user=user)
+            if f.name not in changed:
+                changes.append(Change(f.name, "import", change.before_version, change.after_version))
     return changes
 
 
@@ -424,8 +451,12 @@ def _info(t: Template, version: TemplateVersion | None = None) -> TemplateInfo:
         id=t.id, name=t.name, language=t.language, parent=t.parent.name if t.parent else "", pinned=t.pinned,
         internal=t.internal, version_id=version.id, version_number=version.number, chain=_chain(t, version.text),
         family=root.name, candidate_version_id=t.candidate_version_id,
-        candidate_share=t.candidate_share if t.candidate_version_id else 0.0,
+        candidate_share=t.candidate_share if t.candidate_version_id else 0.0, title=t.title, examples=_examples(t),
     )
+
+
+def _examples(t: Template) -> tuple[str, ...]:
+    return tuple(q for q in (t.examples or "").split("\n") if q)
 
 
 def _check_tree_fits(s: Session, check_fits: CheckFits, t: Template, text: str) -> None:

@@ -35,8 +35,8 @@ from typing import Any
 import gradio as gr
 
 from app.core.callers import ProxyTrust, TenantRefused
-from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, WITH_PERSON, Desk, DeskInputError, Finished,
-                           Progress)
+from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, PERSON_MARKERS, WITH_PERSON, Desk,
+                           DeskInputError, Finished, Progress)
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
 from app.db.models import utcnow
@@ -94,13 +94,27 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         peer = request.client.host if request is not None and request.client else None
         return trust.caller(peer, headers)
 
-    def topics() -> list[str]:
-        return [tpl.name for tpl in desk.catalog.customer_facing(language)] or \
-               [tpl.name for tpl in desk.catalog.customer_facing()]
+    def topics() -> list[tuple[str, str]]:
+        """(title, name) of each topic a customer may pick: those in the page's language, else all."""
+        shown = desk.catalog.customer_facing(language) or desk.catalog.customer_facing()
+        return [(tpl.shown_name, tpl.name) for tpl in shown]
 
     def picker() -> dict:
-        names = topics()
-        return gr.update(choices=names, value=names[0] if names else None)
+        choices = topics()
+        return gr.update(choices=choices, value=choices[0][1] if choices else None)
+
+    def suggested(template: Any) -> list[str]:
+        """The questions an empty chat of ``template`` suggests (a topic customers may pick; else none)."""
+        tpl = next((x for x in desk.catalog.customer_facing() if x.name == template), None) \
+            if isinstance(template, str) else None
+        return list(tpl.examples) if tpl else []
+
+    def empty_chat(template: Any, messages: list | None = None, rows: list[MessageRow] = ()) -> dict:
+        """The chatbot showing ``messages`` (none: an empty chat) with the thumbs ``rows`` hold, and the topic's
+        suggested questions (Gradio shows them only while the chat is empty)."""
+        questions = suggested(template)
+        return gr.update(value=messages or [], examples=[{"text": q} for q in questions] or None,
+                         feedback_value=_feedback(messages or [], rows))
 
     def say(exc: Exception) -> str:
         """A refusal in the customer's words (a caller the proxy settings refuse: the general apology)."""
@@ -136,28 +150,33 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         left — the conversation it had open (kept in the browser) shown again, after a reload or a server
         restart alike."""
         key = keys.browser(session_key)
+        choose = picker()
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
-            return (keys.mint_browser(), picker(), gr.update(choices=[], value=None, label=t["no_conversations"]),
-                    [], [], None, gr.Timer(active=False), 0)
+            return (keys.mint_browser(), choose, gr.update(choices=[], value=None, label=t["no_conversations"]),
+                    empty_chat(choose["value"]), [], None, gr.Timer(active=False), 0)
         open_id = _conversation_id(open_id)
         listed = await desk.list_conversations(session_key=key)
         now = next((c for c in listed if c.id == open_id), None)
         found = await stored(key, open_id) if now is not None else None
-        choose = picker()
         if found is None:
-            return key, choose, _choices(listed, t), [], [], None, gr.Timer(active=False), 0
-        if now.template in (choose.get("choices") or []):
+            return key, choose, _choices(listed, t), empty_chat(choose["value"]), [], None, gr.Timer(active=False), 0
+        if any(name == now.template for _, name in choose["choices"]):
             choose["value"] = now.template
         messages = with_handoff(found[0], now)
-        return (key, choose, _choices(listed, t, open_id), messages, messages, open_id, *watch(now, found[1]))
+        return (key, choose, _choices(listed, t, open_id), empty_chat(now.template, messages, found[1]), messages,
+                open_id, *watch(now, found[1]))
 
-    async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = ""):
+    async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = "",
+                        rows: list[MessageRow] | None = None):
         """(chatbot, shown, conversation id, session key, returned) while the desk's ``events`` run: the
         question at once, then the answer as it streams, then the stored conversation. A refusal shows the
-        conversation as it was (``shown``) with the desk's notice, and hands ``restore`` back to the box."""
+        conversation as it was (``shown``) with the desk's notice, and hands ``restore`` back to the box.
+        ``rows``: the stored conversation, when the answer replaces the last one (Retry, an edit): the thumbs
+        shown are set again from it, so the old answer's 👍 does not mark the new one."""
         events = _Ahead(events)
         try:
-            yield base, base, conversation_id, session_key, gr.skip()
+            first = base if rows is None else gr.update(value=base, feedback_value=_feedback(base, rows))
+            yield first, base, conversation_id, session_key, gr.skip()
             async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
@@ -170,6 +189,55 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     async def send(message: Any, template: str, conversation_id: Any, session_key: str, shown: list,
                    request: gr.Request):
+        async for update in ask(message, template, conversation_id, session_key, shown, request):
+            yield update
+
+    async def ask_suggested(choice: gr.SelectData, template: Any, conversation_id: Any, session_key: str,
+                            shown: list, request: gr.Request):
+        """A suggested question the customer clicked, asked as if typed. The page names it by its place; the
+        text is the topic's own (what the page sends as its text is not read)."""
+        questions = suggested(template)
+        index = choice.index if type(choice.index) is int else -1
+        if not 0 <= index < len(questions):
+            yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
+        async for update in ask(questions[index], template, conversation_id, session_key, shown, request):
+            yield update
+
+    async def edit(change: gr.EditData, conversation_id: Any, session_key: str, shown: list, request: gr.Request):
+        """The customer edited their last question: it is asked again as edited, and the new question and answer
+        replace the old ones on screen (the old ones stay in the record). An earlier question cannot be edited."""
+        shown = list(shown or [])
+        conversation_id = _conversation_id(conversation_id)
+        last_user = max((i for i, m in enumerate(shown) if isinstance(m, dict) and m.get("role") == "user"),
+                        default=None)
+        index = change.index if type(change.index) is int else None
+        key = keys.browser(session_key)
+        if conversation_id is None or key is None or last_user is None:
+            yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key)
+            return
+        if index != last_user:
+            yield refused(shown, t["refusals"]["edit_last_only"], conversation_id, session_key)
+            return
+        value = change.value
+        if value is None or (isinstance(value, str) and not value.strip()):
+            yield refused(shown, t["empty"], conversation_id, session_key)
+            return
+        try:
+            caller = caller_of(request)
+            admitted = desk.admit(client=caller.address, message=value)
+        except (TenantRefused, DeskInputError) as exc:
+            yield refused(shown, say(exc), conversation_id, session_key)
+            return
+        rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
+        events = desk.edit_last(session_key=key, client=caller.address, conversation_id=conversation_id,
+                                message=admitted, tenant=caller.tenant)
+        base = shown[:last_user] + [_message("user", admitted.text)]
+        async for update in on_screen(shown, base, conversation_id, key, events, rows=rows):
+            yield update
+
+    async def ask(message: Any, template: Any, conversation_id: Any, session_key: str, shown: list,
+                  request: gr.Request):
         shown = list(shown or [])
         conversation_id = _conversation_id(conversation_id)
         if message is None or (isinstance(message, str) and not message.strip()):
@@ -216,7 +284,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         base = _history_messages(rows[:last_user + 1] if last_user is not None else rows, t, language)
         run = desk.continue_answer if go_on else desk.retry
         events = run(session_key=key, client=caller.address, conversation_id=conversation_id, tenant=caller.tenant)
-        async for update in on_screen(shown, base, conversation_id, key, events):
+        async for update in on_screen(shown, base, conversation_id, key, events, rows=rows):
             yield update
 
     async def retry(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
@@ -270,7 +338,6 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         messages = _history_messages(rows, t, language)
         return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 
-    @_calm(4)
     @_calm(2)
     async def report_first_visible(report: Any, conversation_id: Any, session_key: str, shown: list):
         """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
@@ -303,8 +370,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if found is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), _choices(listed, t), gr.skip(), gr.skip()
         messages = with_handoff(found[0], now)
-        return (messages, messages, conversation_id, now.template, _choices(listed, t, conversation_id),
-                *watch(now, found[1]))
+        return (empty_chat(now.template, messages, found[1]), messages, conversation_id, now.template,
+                _choices(listed, t, conversation_id), *watch(now, found[1]))
 
     @_calm(4)
     async def ask_person(conversation_id: Any, session_key: str, shown: list):
@@ -381,14 +448,18 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return await _conversation_choices(desk, key, t, conversation_id), ""
 
     @_calm(5)
-    async def delete(conversation_id: Any, session_key: str):
+    async def delete(conversation_id: Any, session_key: str, template: Any):
         """The open conversation off the list, and a new one begun."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
         if key is None or conversation_id is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         await desk.delete(session_key=key, conversation_id=conversation_id)
-        return [], [], None, await _conversation_choices(desk, key, t), gr.Timer(active=False)
+        return empty_chat(template), [], None, await _conversation_choices(desk, key, t), gr.Timer(active=False)
+
+    def fresh(template: Any):
+        """A new conversation: the empty chat of the topic, with its suggested questions."""
+        return empty_chat(template), [], None, gr.update(value=None), gr.Timer(active=False)
 
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
@@ -413,7 +484,6 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         conversation_id = gr.BrowserState(None, storage_key="prefixdesk-open", secret=browser_secret)
         shown = gr.State([])  # the conversation as displayed, kept on the server
         with gr.Sidebar(label=t["sidebar"], open=True, elem_id="pd-sidebar"):
-            template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True)
             new_btn = gr.Button(t["new"], variant="secondary", elem_id="new-conversation", size="sm")
             conversations = gr.Radio([], label=t["history"], elem_id="conversations")
             with gr.Row(elem_id="pd-manage"):
@@ -421,11 +491,15 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                                        max_length=60, elem_id="new-title", scale=3)
                 rename_btn = gr.Button(t["rename"], elem_id="rename", size="sm", scale=1, min_width=64)
             delete_btn = gr.Button(t["delete"], elem_id="delete", size="sm", variant="secondary")
-        with gr.Column(elem_id="pd-header"):
-            gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
-            gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
-            if info.is_demo_model:
-                gr.Markdown(t["demo"], elem_id="demo-notice")
+        # The topic sits by the title, not in the sidebar: a phone, whose sidebar starts closed, shows it too.
+        with gr.Row(elem_id="pd-top", equal_height=False):
+            with gr.Column(elem_id="pd-header", scale=3):
+                gr.Markdown(f"## {t['title']}\n{t['subtitle']}")
+                gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
+                if info.is_demo_model:
+                    gr.Markdown(t["demo"], elem_id="demo-notice")
+            template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True, scale=1,
+                                   min_width=160)
         returned = gr.State("")  # a refused message, handed back to the box by after_answer
         # Where the page's script reports when an answer's first text reached the screen (hidden by chat.css).
         with gr.Row(elem_id="pd-glyph-report"):
@@ -435,7 +509,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
         chatbot = gr.Chatbot(elem_id="chatbot", height="58vh", show_label=False, buttons=["copy"],
-                             feedback_options=("Like", "Dislike"),
+                             feedback_options=("Like", "Dislike"), editable="user",
                              layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True,
                              render_markdown=False, latex_delimiters=[], sanitize_html=True)
         # After 👎: an optional reason (the thumbs are kept already).
@@ -472,13 +546,16 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         click = send_btn.click(send, asked, screen, js=CLEAR_BOX_JS, **streaming)
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
         onwards = continue_btn.click(go_on, [conversation_id, session_key, shown], screen, **streaming)
-        for answered in (submit, click, again, onwards):  # the sidebar, once the answer is stored: one short request
+        picked = chatbot.example_select(ask_suggested, [template, conversation_id, session_key, shown], screen,
+                                        **streaming)
+        edited = chatbot.edit(edit, [conversation_id, session_key, shown], screen, **streaming)
+        for answered in (submit, click, again, onwards, picked, edited):  # the sidebar, once the answer is stored: one short request
             answered.then(after_answer, [session_key, returned, conversation_id, shown],
                           [conversations, box, returned, person_timer, seen], queue=False,
                           **private)
         # The page runs a click's events one after another, each to its end: the cancel goes first, or the answer
         # would run on while after_stop waits for it to be stored as stopped.
-        stop_btn.click(None, None, None, cancels=[submit, click, again, onwards], api_visibility="private")
+        stop_btn.click(None, None, None, cancels=[submit, click, again, onwards, picked, edited], api_visibility="private")
         stop_btn.click(after_stop, [conversation_id, session_key, shown], [chatbot, shown, conversation_id, conversations],
                        **private)
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
@@ -498,17 +575,17 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         conversations.input(open_conversation, [conversations, session_key],
                             [chatbot, shown, conversation_id, template, conversations, person_timer, seen],
                             **private)
-        fresh = {"fn": lambda: ([], [], None, gr.update(value=None), gr.Timer(active=False)), "inputs": None,
-                 "outputs": [chatbot, shown, conversation_id, conversations, person_timer]}
-        new_btn.click(**fresh, **private)
-        template.input(**fresh, **private)
+        begin = {"fn": fresh, "inputs": [template], "outputs": [chatbot, shown, conversation_id, conversations,
+                                                                 person_timer]}
+        new_btn.click(**begin, **private)
+        template.input(**begin, **private)
         rename_btn.click(rename, [new_title, conversation_id, session_key], [conversations, new_title], queue=False,
                          **private)
-        delete_btn.click(delete, [conversation_id, session_key],
+        delete_btn.click(delete, [conversation_id, session_key, template],
                          [chatbot, shown, conversation_id, conversations, person_timer], queue=False, **private)
         # The topics as published now, each time the customer opens the picker (a page opened before a publish).
         template.focus(lambda: gr.update(choices=topics()), None, template, queue=False, **private)
-        chatbot.clear(**fresh, **private)  # the chatbot's own trash icon starts a new conversation too
+        chatbot.clear(**begin, **private)  # the chatbot's own trash icon starts a new conversation too
 
         # The scriptable endpoint, with no components of its own: each component is a page block that Gradio
         # configures again for every new browser session.
@@ -593,7 +670,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
             conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
-            yield base + [_message("assistant", event.text)], gr.skip(), conversation_id, session_key, gr.skip()
+            yield (base + [_message("assistant", shown_answer(event.text))], gr.skip(), conversation_id, session_key,
+                   gr.skip())
         elif isinstance(event, Finished):
             # The conversation as stored, with no second read of the database: what was shown (stored messages,
             # and last the question as the desk stores it; a new conversation is the question alone) and the
@@ -626,22 +704,52 @@ def _notice(text: str, t: dict) -> dict:
     return _message("assistant", t["notice"] + text)
 
 
+def _feedback(messages: list[dict], rows: list[MessageRow]) -> list[str | None]:
+    """The thumbs the chatbot marks, one per answer group (Gradio's grouping: consecutive messages of one role),
+    from the stored ratings of the answers the groups name."""
+    thumbs = {m.id: {1: "Like", -1: "Dislike"}.get(m.rating) for m in rows if m.role == "assistant"}
+    out: list[str | None] = []
+    role = None
+    for message in messages:
+        if message.get("role") != role:
+            role = message.get("role")
+            if role == "assistant":
+                out.append(None)
+        if role == "assistant" and (ref := _answer_id(message)) is not None:
+            out[-1] = thumbs.get(ref)
+    return out
+
+
 def _answer_id(message: dict) -> int | None:
     ref = (message.get("metadata") or {}).get("id") if isinstance(message, dict) else None
     return int(ref) if isinstance(ref, str) and ref.isdigit() and len(ref) < 19 else None
 
 
+def shown_answer(text: str) -> str:
+    """An answer as the customer reads it: without the marker that hands the conversation to a person (the
+    notice under it says so in words)."""
+    for marker in PERSON_MARKERS:
+        text = text.replace(marker, "")
+    return text
+
+
+def when(m: MessageRow) -> str:
+    """When an answer began, as its caption says it: in UTC, which the page's script shows in the customer's
+    own time zone (static/chat.js)."""
+    return f"{m.created_at:%Y-%m-%d %H:%M} UTC"
+
+
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
-    out = [_message("assistant", m.text)] if m.text else []
+    text = shown_answer(m.text).rstrip() if m.text else ""
+    out = [_message("assistant", text)] if text else []
     if m.author:  # a person's reply, marked as theirs
-        out.append(_message("assistant", f"{m.created_at:%Y-%m-%d %H:%M} UTC", t["person"].format(name=m.author),
-                            m.id))
+        out.append(_message("assistant", when(m), f"{t['person'].format(name=m.author)} · {when(m)}", m.id))
     elif m.status == "ok":
-        title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "")
+        title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "") + f" · {when(m)}"
         out.append(_message("assistant", caption_details(m, language), title, m.id))
     elif m.status == "stopped":
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
-                            t["stopped"], m.id))
+                            f"{t['stopped']} · {when(m)}", m.id))
     elif m.status == WITH_PERSON:
         out.append(_notice(t["with_person"], t))
     else:

@@ -11,8 +11,10 @@
   // An answer's own text: its messages that are not a caption (those fold under a title).
   const text = (group) => [...group.querySelectorAll('[data-testid=bot]')]
     .filter(m => !m.querySelector('.thought-group')).map(m => m.innerText).join('').trim();
-  const start = (retry) => {
-    if (!retry && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
+  // retry: the answer replaces the last one (Retry, Continue, an edited question); asked: a question not from the
+  // box (a suggested one).
+  const start = (retry, asked = false) => {
+    if (!retry && !asked && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
     // A notice alone in the last group (a refusal) gives way to the answer: the answer takes its place.
     const groups = answers(), last = groups[groups.length - 1];
     const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
@@ -33,6 +35,10 @@
   document.addEventListener('click', (e) => {
     if (e.target.closest('#send')) start(false);
     if (e.target.closest('#retry, #continue')) start(true);
+    if (e.target.closest('#chatbot .example')) start(false, true);
+    // An edited question's ✓ (the first of its buttons while the edit box is open): its answer replaces the last.
+    const edited = e.target.closest('#chatbot .message-buttons-right button');
+    if (edited && document.querySelector('#chatbot .edit-textarea') && !edited.previousElementSibling) start(true);
     if (e.target.closest('#conversations, #new-conversation')) {
       state.byAnswer = {}; state.reported = {}; state.pending = null;
     }
@@ -96,13 +102,36 @@
       if (answered || refused) p.done = true;
     }
     const streaming = !!p && !p.done;
-    const title = last && last.querySelector('.thought-group .title');
+    // Continue: only when the group's last message is the cut-off answer's caption (not a notice after it, such
+    // as a person taking the conversation over).
+    const bots = last ? [...last.querySelectorAll('[data-testid=bot]')] : [];
+    const final = bots[bots.length - 1];
+    const title = final && final.querySelector('.thought-group .title');
     const row = document.querySelector('#pd-composer');  // (Gradio scopes the page's CSS to its container)
     if (!row) return;
     row.classList.toggle('pd-streaming', streaming);
     row.classList.toggle('pd-cut', !streaming && !!title && title.innerText.includes(TEXT.cut_off));
   };
+  // Captions say when in UTC ("2026-12-01 08:03 UTC"); the customer reads their own clock: "16:03" today,
+  // "11-30 16:03" before.
+  const UTC = /(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d) UTC/;
+  const two = (n) => String(n).padStart(2, '0');
+  const local = (m) => {
+    const d = new Date(Date.UTC(+m[1], +m[2] - 1, +m[3], +m[4], +m[5])), now = new Date();
+    const time = `${two(d.getHours())}:${two(d.getMinutes())}`;
+    return d.toDateString() === now.toDateString() ? time : `${two(d.getMonth() + 1)}-${two(d.getDate())} ${time}`;
+  };
+  const localTimes = () => {
+    for (const el of document.querySelectorAll('#chatbot .thought-group')) {
+      const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
+      for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+        const m = node.data.match(UTC);
+        if (m) node.data = node.data.replace(UTC, local(m));
+      }
+    }
+  };
   new MutationObserver(() => {
+    localTimes();
     composer();
     const p = state.pending;
     if (p && p.t1 === undefined) {
