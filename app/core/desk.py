@@ -234,6 +234,8 @@ class Desk:
             return
         except db_conversations.NotYours:
             raise DeskInputError("no_conversation") from None
+        except db_conversations.StillAnswering:
+            raise DeskInputError("answering") from None
         except LookupError:
             raise DeskInputError("nothing_to_retry") from None
         except StoreError as exc:
@@ -259,6 +261,8 @@ class Desk:
             return
         except db_conversations.NotYours:
             raise DeskInputError("no_conversation") from None
+        except db_conversations.StillAnswering:
+            raise DeskInputError("answering") from None
         except LookupError:
             raise DeskInputError("nothing_to_edit") from None
         except StoreError as exc:

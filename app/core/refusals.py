@@ -19,6 +19,8 @@ ENGLISH = {
     "no_conversation": "That conversation does not exist here; please start a new one.",
     "nothing_to_retry": "This conversation has no question to answer again.",
     "nothing_to_edit": "This conversation has no question to edit.",
+    "answering": "The last question is still being answered; wait for the answer to end (or stop it), then try "
+                 "again.",
     "edit_last_only": "Only the last question of a conversation can be edited.",
     "no_template": "There is no published template named {name!r}. Choose one of: {shown}.",
     "not_saved": "Your message could not be saved, so it was not sent: {detail}.",

@@ -16,7 +16,7 @@ customer's ``session_key`` and acts only on conversations it owns.
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
@@ -29,6 +29,7 @@ TITLE_CHARS = 60
 MAX_REASON_CHARS = 500
 HANDOFF_STATES = ("", "waiting", "person")
 MAX_POLL_MESSAGES = 50
+STALE_GENERATING = timedelta(minutes=10)  # longer than any answer streams
 
 
 class NotYours(LookupError):
@@ -146,6 +147,8 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
         raise LookupError("This conversation has no question to answer again.")
     if conv.handoff:
         raise WithPerson(conv.handoff, last_user.id)
+    if _still_answering(rows, last_user.id):
+        raise StillAnswering()
     for m in rows:
         if m.id > last_user.id and m.role == "assistant":
             m.status = "replaced"
@@ -172,6 +175,8 @@ def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
         raise LookupError("This conversation has no question to edit.")
     if conv.handoff:
         raise WithPerson(conv.handoff, last_user.id)
+    if _still_answering(rows, last_user.id):
+        raise StillAnswering()
     for m in rows:
         if m.id >= last_user.id:
             m.status = "replaced"
@@ -185,6 +190,17 @@ def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
     s.add_all([user, answer])
     s.flush()
     return TurnIds(conversation_id, user.id, answer.id, template_version_id)
+
+
+class StillAnswering(LookupError):
+    """The conversation's last question is still being answered: Retry and an edit wait for it to end."""
+
+
+def _still_answering(rows, after_id: int) -> bool:
+    """Whether an answer after ``after_id`` is still being written (a row left "generating" by a process that died
+    long ago does not count)."""
+    since = utcnow() - STALE_GENERATING
+    return any(m.id > after_id and m.status == "generating" and m.created_at > since for m in rows)
 
 
 class NothingToContinue(LookupError):
@@ -213,9 +229,10 @@ def begin_continue(s: Session, *, session_key: str, conversation_id: int) -> tup
 
 
 def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> MessageRow:
+    """Store an answer's end; an answer a retry or an edit replaced meanwhile stays replaced (its text kept)."""
     m = s.get_one(Message, message_id)
     m.text = result.text
-    m.status = result.status
+    m.status = result.status if m.status != "replaced" else "replaced"
     m.error = result.error
     m.error_code = result.error_code
     m.prompt_tokens = result.prompt_tokens

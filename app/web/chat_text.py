@@ -77,6 +77,7 @@ TEXT = {
             "no_conversation": "找不到这段对话了，请开始新的对话。",
             "nothing_to_retry": "还没有可以重试的回答。",
             "nothing_to_edit": "还没有可以修改的问题。",
+            "answering": "上一个问题还在回答中，请等回答结束（或点“停止”）后再试。",
             "edit_last_only": "只能修改最后一个问题。要改前面的内容，请开始新的对话。",
             "no_template": "这个咨询类别已不再提供，请选择其他类别。",
             "not_saved": "消息没能保存，所以没有发送。请稍后再发送一次。",
@@ -159,6 +160,8 @@ TEXT = {
             "no_conversation": "This conversation cannot be found any more. Please start a new one.",
             "nothing_to_retry": "There is no answer to retry yet.",
             "nothing_to_edit": "There is no question to edit yet.",
+            "answering": "The last question is still being answered. Wait for it to finish (or press Stop), then "
+                         "try again.",
             "edit_last_only": "Only the last question can be edited. To change an earlier one, start a new "
                               "conversation.",
             "no_template": "This topic is no longer offered. Please choose another topic.",

@@ -2,6 +2,8 @@
 the catalog, set by an operator and audited; and a customer's edited last question through the desk: the new
 question and answer replace the old ones, which stay in the record."""
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import text
 
@@ -12,7 +14,8 @@ from app.core.prompts import Turn, system_text
 from app.db import conversations as db_conversations
 from app.db import open_database
 from app.db import templates as db_templates
-from app.db.rows import MessageRow
+from app.db.models import utcnow
+from app.db.rows import AnswerResult, MessageRow
 from app.db.templates import TemplateAdminError
 from app.web.chat import _feedback, _message, shown_answer
 from tests.helpers.desks import desk_for
@@ -165,3 +168,25 @@ def test_the_chat_marks_each_answer_groups_stored_thumbs_and_hides_the_person_ma
     assert _feedback(messages, []) == [None, None, None]
     assert shown_answer("这个问题需要人工处理。\n【转人工】") == "这个问题需要人工处理。\n"
     assert shown_answer("A person will help.\n[[person]]") == "A person will help.\n"
+
+
+def test_retry_and_edit_wait_for_an_answer_still_being_written_and_a_replaced_answer_stays_replaced(store):
+    db, catalog = store
+    template = catalog.get("support-en")
+    turn = db.run(db_conversations.begin_turn, session_key="race", conversation_id=None, template_id=template.id,
+                  template_version_id=template.version_id, text="Where is my parcel?")
+    for begin, extra in ((db_conversations.begin_retry, {}), (db_conversations.begin_edit, {"text": "My parcel?"})):
+        with pytest.raises(db_conversations.StillAnswering):
+            db.run(begin, session_key="race", conversation_id=turn.conversation_id,
+                   template_version_id=template.version_id, **extra)
+    # An answer left "generating" by a process that died long ago does not hold the conversation.
+    db.run(lambda s: s.execute(text("update messages set created_at = :t where id = :i"),
+                               {"t": utcnow() - db_conversations.STALE_GENERATING - timedelta(seconds=1),
+                                "i": turn.answer_id}))
+    retried = db.run(db_conversations.begin_retry, session_key="race", conversation_id=turn.conversation_id,
+                     template_version_id=template.version_id)
+    late = db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+                  result=AnswerResult(text="late words", status="ok"))
+    assert (late.status, late.text) == ("replaced", "late words")  # the old stream ended after the retry began
+    assert [m.id for m in db.run(db_conversations.messages, conversation_id=turn.conversation_id)] == [
+        turn.user_message_id, retried.answer_id]

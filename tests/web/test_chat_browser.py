@@ -206,7 +206,7 @@ def test_a_published_template_reaches_a_fresh_page_and_an_internal_one_never(bro
     assert zh in shown  # published a moment ago, no restart
     assert "商城通用规则" not in shown  # the internal parent of 电子产品 and 服装鞋包
     assert en not in shown and "Orders and returns" not in shown  # another language's templates
-    assert shown[:4] == ["购物咨询", "手机电脑数码", "服装鞋包", zh]
+    assert shown[:3] == ["购物咨询", "手机电脑数码", "服装鞋包"]
     screenshot(page, "chat-templates")
     page.close()
 
