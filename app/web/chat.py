@@ -46,7 +46,7 @@ from app.core.refusals import Refused
 from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
-STOP_SETTLE_S = 3.0  # how long a stop waits for the cancelled answer to be stored
+STOP_SETTLE_S = 10.0  # how long a stop waits for the cancelled answer to be stored (a busy machine takes seconds)
 STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
@@ -55,7 +55,10 @@ UI_UPDATE_INTERVAL_S = 0.1
 # Runs in the page when a question is sent, after its inputs were read (Gradio runs an event's js between reading
 # its inputs and calling the server, and not at all when the event is skipped because an answer still streams).
 # The question is kept in the browser until the page shows it (static/chat.js: a lost connection gives it back).
+# A question sent right after New (or another topic, or Delete) starts a new conversation even when it leaves before
+# the server has emptied the page's conversation (static/chat.js sets the mark): its conversation id is dropped.
 CLEAR_BOX_JS = """(...inputs) => {
+  if (window.__pdFresh) { inputs[2] = null; window.__pdFresh = false; }
   const box = document.querySelector('#message textarea');
   if (box) {
     try { localStorage.setItem('prefixdesk-sending', box.value); localStorage.removeItem('prefixdesk-draft'); }

@@ -3,6 +3,7 @@ long titles kept to two lines, and a topic published after the page opened offer
 
 import uuid
 
+from tests.helpers.attack import config, dependency
 from tests.helpers.browser import DESKTOP, assert_tidy, screenshot
 from tests.helpers.chat_page import ask, caption, conversation, faults, open_chat, tag
 from tests.helpers.waiting import wait_until
@@ -46,3 +47,41 @@ def test_a_topic_published_after_the_page_opened_is_offered(browser, server_url,
     option = page.locator("#template [data-testid=dropdown-option]").filter(has_text=name)
     wait_until(lambda: option.count() == 1, 10, f"{name} among the topics")
     page.close()
+
+
+def test_a_question_sent_right_after_new_starts_a_new_conversation(browser, server_url, db):
+    """However slowly the server empties the page after New (its request held here for 3 s), the next question
+    begins a new conversation, not the one on screen."""
+    fresh = dependency(config(server_url), "fresh")["id"]
+    page = browser.new_page(viewport=DESKTOP)
+    page.add_init_script(HOLD_JS.replace("FRESH", str(fresh)))
+    page = open_chat(browser, server_url, DESKTOP, page=page)
+    first, second = f"运费多少？{tag()}", f"发票怎么开？{tag()}"
+    caption(page, ask(page, first, watch=False)).wait_for(timeout=60_000)
+    page.locator("#new-conversation").click()
+    ask(page, second, watch=False)  # at once, while New is still on its way
+    wait_until(lambda: db["messages"].count_where("role = 'user' and text = ?", [second]) == 1, 60,
+               "the second question to be stored")
+    assert page.evaluate("window.__pdHeld") == 1  # New's request was held
+    assert conversation(db, second)[0]["conversation_id"] != conversation(db, first)[0]["conversation_id"]
+    assert [r["text"] for r in conversation(db, first) if r["role"] == "user"] == [first]
+    assert faults(page) == []
+    page.close()
+
+
+# Holds the page's request for one event (FRESH: its fn_index) for 3 s before it leaves.
+HOLD_JS = """
+(() => {
+  const send = window.fetch.bind(window);
+  window.__pdHeld = 0;
+  window.fetch = async (url, options) => {
+    try {
+      if (String(url).includes('queue/join') && JSON.parse(options.body).fn_index === FRESH) {
+        window.__pdHeld += 1;
+        await new Promise(r => setTimeout(r, 3000));
+      }
+    } catch (e) {}
+    return send(url, options);
+  };
+})();
+"""

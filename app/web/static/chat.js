@@ -42,6 +42,9 @@
     if (e.target.closest('#conversations, #new-conversation')) {
       state.byAnswer = {}; state.reported = {}; state.pending = null;
     }
+    // The next question begins a new conversation (CLEAR_BOX_JS in chat.py), however soon it is sent.
+    if (e.target.closest('#new-conversation, #delete, #template [data-testid=dropdown-option]')) window.__pdFresh = true;
+    if (e.target.closest('#conversations')) window.__pdFresh = false;
   }, true);
   // What the customer typed survives a reload and a server restart (after which Gradio reloads the page): the
   // box's text is kept in the browser as it is typed, and a question on its way until the page shows it.
