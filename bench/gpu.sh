@@ -161,7 +161,7 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   WEB=6; CLIENTS=8
   R_ONE="--rate 70 --rate 80"; R_IN="--rate 70"; R_CLUSTER="--rate 150"; R_POLICY="--rate 60"
   R_GRADIO="--rate 50 --rate 70 --rate 90"
-  R_CHAT="--rate 50 --rate 70"; PROFILE_CHAT="chat@70"; SKIP_CHAT="remote@50,remote@70#1"
+  R_CHAT="${PD_CHAT_RATES:---rate 50 --rate 70}"; PROFILE_CHAT="chat@70"; SKIP_CHAT="remote@50,remote@70#1"
   CHAT_WINDOW="--window-s ${PD_CHAT_WINDOW_S:-60} --warmup-s ${PD_CHAT_WARMUP_S:-15} --drain-timeout-s 10"
   BURST_CLUSTER="--concurrency 1024"; BURST_POLICY="--concurrency 1024"
   B13="--shape $GPU_DIR/shapes/baichuan2-13b --set tokenizer=$PWD/$GPU_DIR/shapes/baichuan2-13b"
@@ -325,7 +325,8 @@ chat)
   # both rates, twice) do not fit one call, so the chat runs at 50 and 70 twice each and /v1 once at 70, last
   # (repeat 2: $SKIP_CHAT): ~540 s. The deadline skips what would not end in time (last first: that /v1 run);
   # PD_CHAT_SKIP=remote@50,remote@70 runs the chat alone (~470 s).
-  # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S and PD_CHAT_SKIP change the windows and the schedule.
+  # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S, PD_CHAT_SKIP and PD_CHAT_RATES ("--rate 15 --rate 25") change the windows
+  # and the schedule.
   # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
   start H -- --app-engine local --paths chat,remote --client-procs $CLIENTS $R_CHAT --repeats 2 $CHAT_WINDOW \
     --set temperature=0.7 --set top_p=0.9 --skip "${PD_CHAT_SKIP:-$SKIP_CHAT}" --profile $PROFILE_CHAT \

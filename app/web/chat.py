@@ -119,6 +119,13 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return gr.update(value=messages or [], examples=[{"text": q} for q in questions] or None,
                          feedback_value=_feedback(messages or [], rows))
 
+    def loaded_chat(template: Any, messages: list | None = None, rows: list[MessageRow] = ()) -> list | dict:
+        """The chatbot as a page loads: its bare value when the page's own (the default topic's questions, no
+        thumbs) is right, which costs Gradio no component of the session's own; else ``empty_chat``."""
+        if (messages and not any(r.rating for r in rows)) or (not messages and suggested(template) == default_questions):
+            return messages or []
+        return empty_chat(template, messages, rows)
+
     def say(exc: Exception) -> str:
         """A refusal in the customer's words (a caller the proxy settings refuse: the general apology)."""
         if isinstance(exc, Refused):
@@ -155,18 +162,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         key = keys.browser(session_key)
         choose = picker()
         if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
-            return (keys.mint_browser(), choose, gr.update(choices=[], value=None, label=t["no_conversations"]),
-                    empty_chat(choose["value"]), [], None, gr.Timer(active=False), 0)
+            return (keys.mint_browser(), choose,
+                    gr.update(choices=[], value=None, label=t["no_conversations"]),
+                    loaded_chat(choose["value"]), [], None, gr.Timer(active=False), 0)
         open_id = _conversation_id(open_id)
         listed = await desk.list_conversations(session_key=key)
         now = next((c for c in listed if c.id == open_id), None)
         found = await stored(key, open_id) if now is not None else None
         if found is None:
-            return key, choose, _choices(listed, t), empty_chat(choose["value"]), [], None, gr.Timer(active=False), 0
+            return (key, choose, _choices(listed, t), loaded_chat(choose["value"]), [], None,
+                    gr.Timer(active=False), 0)
         if any(name == now.template for _, name in choose["choices"]):
             choose["value"] = now.template
         messages = with_handoff(found[0], now)
-        return (key, choose, _choices(listed, t, open_id), empty_chat(now.template, messages, found[1]), messages,
+        return (key, choose, _choices(listed, t, open_id), loaded_chat(now.template, messages, found[1]),
+                messages,
                 open_id, *watch(now, found[1]))
 
     async def on_screen(shown: list, base: list, conversation_id, session_key: str, events, *, restore: Any = "",
@@ -501,6 +511,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 gr.Markdown(t["model"].format(model=model_name), elem_id="pd-model")
                 if info.is_demo_model:
                     gr.Markdown(t["demo"], elem_id="demo-notice")
+            # Empty until the page loads (its script and the tests take a filled picker for a loaded page).
             template = gr.Dropdown([], label=t["template"], elem_id="template", interactive=True, scale=1,
                                    min_width=160)
         returned = gr.State("")  # a refused message, handed back to the box by after_answer
@@ -511,7 +522,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             first_visible_btn = gr.Button("", elem_id="pd-glyph-send")
         # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
         # forms) is only the second line.
+        # The default topic's questions are the page's own: a page loading on it needs no update (loaded_chat).
+        default_questions = suggested(picker()["value"])
         chatbot = gr.Chatbot(elem_id="chatbot", height="58vh", show_label=False, buttons=["copy"],
+                             examples=[{"text": q} for q in default_questions] or None,
                              feedback_options=("Like", "Dislike"), editable="user",
                              layout="bubble", placeholder=t["chat_placeholder"], autoscroll=True,
                              render_markdown=False, latex_delimiters=[], sanitize_html=True)
