@@ -124,3 +124,18 @@ def wait_for_status(db, question: str, index: int, timeout: float = 30) -> dict:
 
 def tag() -> str:
     return uuid.uuid4().hex[:6]
+
+
+CLOCK_JS = """
+(iso) => {
+  const [date, time] = iso.split(/[T ]/), [y, mo, d] = date.split('-').map(Number), [h, mi] = time.split(':').map(Number);
+  const at = new Date(Date.UTC(y, mo - 1, d, h, mi)), two = (n) => String(n).padStart(2, '0');
+  const hm = `${two(at.getHours())}:${two(at.getMinutes())}`;
+  return at.toDateString() === new Date().toDateString() ? hm : `${two(at.getMonth() + 1)}-${two(at.getDate())} ${hm}`;
+}
+"""
+
+
+def clock(page, stored_at: str) -> str:
+    """When a stored answer began (its UTC ``created_at``), as the page's captions say it: in the browser's zone."""
+    return page.evaluate(CLOCK_JS, stored_at)

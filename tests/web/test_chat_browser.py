@@ -8,7 +8,7 @@ import pytest
 
 from app.core.desk import STOPPED
 from tests.helpers.browser import DESKTOP, PHONE, VIEWPORTS, above_the_fold, assert_tidy, screenshot
-from tests.helpers.chat_page import (ANSWERS, READY, ask, caption, conversation, database_of, faults,
+from tests.helpers.chat_page import (ANSWERS, READY, ask, caption, clock, conversation, database_of, faults,
                                      long_answers_server, open_chat, wait_for_status)
 from tests.helpers.waiting import wait_until
 
@@ -54,7 +54,8 @@ def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numb
         page.wait_for_function("([i, text]) => document.querySelectorAll('#chatbot .message.bot')[i]"
                                "?.querySelector('.thought-group .title')?.innerText.trim() === text",
                                arg=[i, f"{seconds(glyph_ms)} 秒内开始回复"
-                                       + (" · 回答较长，已截断" if row["finish_reason"] == "length" else "")],
+                                       + (" · 回答较长，已截断" if row["finish_reason"] == "length" else "")
+                                       + f" · {clock(page, row['created_at'])}"],
                                timeout=10_000)
         caption(page, i).click()
         details = page.locator(ANSWERS).nth(i).locator(".thought-group .content")
@@ -112,7 +113,7 @@ def test_stop_keeps_the_partial_answer_as_stopped_and_frees_the_engine(browser, 
     assert (row["status"], row["error"], row["output_tokens"]) == ("stopped", STOPPED, None)
     assert row["text"]  # the partial answer is kept
     assert engine.num_unfinished_requests() == 0  # vLLM dropped the request
-    caption(page, 0).get_by_text("Stopped", exact=True).wait_for(timeout=30_000)
+    caption(page, 0).get_by_text(f"Stopped · {clock(page, row['created_at'])}", exact=True).wait_for(timeout=30_000)
     screenshot(page, "chat-stopped")
     page.close()
 
