@@ -83,8 +83,11 @@ def check_presentation(title: str, examples: list[str] | tuple[str, ...]) -> tup
     if len(title) > MAX_TITLE_CHARS:
         raise ValueError(f"the title has {len(title):,} characters; at most {MAX_TITLE_CHARS} fit the topic picker. "
                          "Shorten it.")
-    if any("\n" in q for q in questions):
-        raise ValueError("a suggested question must be one line.")
+    if not title.isprintable():
+        raise ValueError("the title must be one line of text, without line breaks or control characters.")
+    if not all(q.isprintable() for q in questions):
+        raise ValueError("a suggested question must be one line of text, without line breaks or control "
+                         "characters.")
     if len(questions) > MAX_EXAMPLES:
         raise ValueError(f"{len(questions)} suggested questions; an empty chat shows at most {MAX_EXAMPLES}. "
                          "Keep the best ones.")

@@ -216,7 +216,7 @@ class Desk:
         if turn.answer_id is None:
             yield _with_person(turn.conversation_id, turn.user_message_id, turn.template_version_id, turn.handoff)
             return
-        template = await self._on_version(template, turn.template_version_id)
+        template = await self._until_generating(turn, self._on_version(template, turn.template_version_id))
         async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
                                           session_key=session_key,
                                           max_tokens=max_tokens, ignore_eos=ignore_eos):
@@ -240,7 +240,7 @@ class Desk:
             raise DeskInputError("nothing_to_retry") from None
         except StoreError as exc:
             raise DeskInputError("not_retried", detail=str(exc)) from None
-        turns = await self._stored_turns(conversation_id)
+        turns = await self._until_generating(turn, self._stored_turns(conversation_id))
         question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
         async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant,
                                           session_key=session_key):
@@ -256,9 +256,8 @@ class Desk:
             turn = await self._begin(db_conversations.begin_edit, session_key=session_key,
                                      conversation_id=conversation_id, text=message.text,
                                      template_version_id=template.version_id)
-        except db_conversations.WithPerson as exc:
-            yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
-            return
+        except db_conversations.WithPerson:  # the person answers what was asked: nothing is replaced under them
+            raise DeskInputError("edit_with_person") from None
         except db_conversations.NotYours:
             raise DeskInputError("no_conversation") from None
         except db_conversations.StillAnswering:
@@ -267,7 +266,7 @@ class Desk:
             raise DeskInputError("nothing_to_edit") from None
         except StoreError as exc:
             raise DeskInputError("not_saved", detail=str(exc)) from None
-        turns = await self._stored_turns(conversation_id)
+        turns = await self._until_generating(turn, self._stored_turns(conversation_id))
         if turns and turns[-1].role == "user":
             turns.pop()
         async for event in self._generate(turn, template, turns, message.text, client=client, tenant=tenant,
@@ -291,8 +290,9 @@ class Desk:
             raise DeskInputError("nothing_to_continue") from None
         except StoreError as exc:
             raise DeskInputError("not_retried", detail=str(exc)) from None
-        template = await self._on_version(template, turn.template_version_id)
-        turns = await self._stored_turns(conversation_id)  # the reopened answer is "generating": not among them
+        template = await self._until_generating(turn, self._on_version(template, turn.template_version_id), partial)
+        # The reopened answer is "generating": not among them.
+        turns = await self._until_generating(turn, self._stored_turns(conversation_id), partial)
         async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial,
                                           session_key=session_key):
             yield event
@@ -467,6 +467,22 @@ class Desk:
                 turn, text = write.result() if isinstance(write.result(), tuple) else (write.result(), "")
                 if turn.answer_id is not None:
                     await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+            raise
+
+    async def _until_generating(self, turn: TurnIds, step, text: str = ""):
+        """Await ``step``, a read between storing a turn and generating its answer: a Stop that lands there
+        stores the answer as stopped (with ``text``, a continued answer's words so far), never "generating"."""
+        try:
+            return await step
+        except asyncio.CancelledError:
+            if turn.answer_id is not None:
+                await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+            raise
+        except Exception as exc:  # the store could not be read: the answer is stored as failed, with why
+            if turn.answer_id is not None:
+                code = exc.code if isinstance(exc, Refused) else "internal"
+                await self._finish(turn.answer_id, AnswerResult(text=text, status="error", error=str(exc),
+                                                                error_code=code))
             raise
 
     def _check_rate(self, client: str) -> None:

@@ -19,6 +19,8 @@ ENGLISH = {
     "no_conversation": "That conversation does not exist here; please start a new one.",
     "nothing_to_retry": "This conversation has no question to answer again.",
     "nothing_to_edit": "This conversation has no question to edit.",
+    "edit_with_person": "A person is answering this conversation; send a new message instead of editing.",
+    "edit_stale": "This conversation has changed since the page showed it; reload the page, then edit.",
     "answering": "The last question is still being answered; wait for the answer to end (or stop it), then try "
                  "again.",
     "edit_last_only": "Only the last question of a conversation can be edited.",

@@ -200,7 +200,8 @@ def _still_answering(rows, after_id: int) -> bool:
     """Whether an answer after ``after_id`` is still being written (a row left "generating" by a process that died
     long ago does not count)."""
     since = utcnow() - STALE_GENERATING
-    return any(m.id > after_id and m.status == "generating" and m.created_at > since for m in rows)
+    return any(m.id > after_id and m.status == "generating" and max(m.created_at, m.finished_at or m.created_at) > since
+               for m in rows)
 
 
 class NothingToContinue(LookupError):
@@ -224,6 +225,7 @@ def begin_continue(s: Session, *, session_key: str, conversation_id: int) -> tup
     if conv.handoff:
         raise WithPerson(conv.handoff, question or last.id)
     last.status = "generating"
+    last.finished_at = utcnow()  # when it was reopened: Retry and an edit wait for it (_still_answering)
     s.flush()
     return TurnIds(conversation_id, question or 0, last.id, last.template_version_id), last.text
 

@@ -67,6 +67,11 @@ CLEAR_BOX_JS = """(...inputs) => {
   }
   return inputs;
 }"""
+# The same for a suggested question (its inputs: the topic, then the conversation id).
+SUGGESTED_JS = """(...inputs) => {
+  if (window.__pdFresh) { inputs[1] = null; window.__pdFresh = false; }
+  return inputs;
+}"""
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).with_name("static")
@@ -193,12 +198,19 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             async for update in _stream(events, base, conversation_id, session_key, t, language, pace_s):
                 yield update
         except DeskInputError as exc:
-            yield refused(shown, say(exc), conversation_id, session_key, restore)
+            yield marked(refused(shown, say(exc), conversation_id, session_key, restore), rows)
         except Exception:  # never Gradio's red "Error" over the chat: the stored conversation stays as it was
             log.exception("the chat's answer failed")
-            yield refused(shown, t["internal"], conversation_id, session_key, restore)
+            yield marked(refused(shown, t["internal"], conversation_id, session_key, restore), rows)
         finally:
             await events.aclose()
+
+    def marked(screen: tuple, rows: list[MessageRow] | None) -> tuple:
+        """A refusal's screen with the stored thumbs marked again, when the answer's first update had set them
+        for the conversation without its last answer (Retry, an edit)."""
+        if rows is None:
+            return screen
+        return (gr.update(value=screen[0], feedback_value=_feedback(screen[0], rows)), *screen[1:])
 
     async def send(message: Any, template: str, conversation_id: Any, session_key: str, shown: list,
                    request: gr.Request):
@@ -214,6 +226,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if not 0 <= index < len(questions):
             yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
+        clicked = choice.value.get("text") if isinstance(choice.value, dict) else None
+        if clicked != questions[index]:  # the page showed other questions (changed since): it gets today's
+            yield empty_chat(template, list(shown or [])), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            return
         async for update in ask(questions[index], template, conversation_id, session_key, shown, request):
             yield update
 
@@ -222,15 +238,27 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         replace the old ones on screen (the old ones stay in the record). An earlier question cannot be edited."""
         shown = list(shown or [])
         conversation_id = _conversation_id(conversation_id)
+        key = keys.browser(session_key)
+        found = None if key is None or conversation_id is None else \
+            await desk.conversation(session_key=key, conversation_id=conversation_id)
+        if conversation_id is not None and key is not None and found is None:  # not this browser's
+            yield refused(shown, t["refusals"]["no_conversation"], conversation_id, session_key)
+            return
+        rows = found or []
+        if not shown:  # a server that forgot this page: the screen from the store
+            shown = _history_messages(rows, t, language)
         last_user = max((i for i, m in enumerate(shown) if isinstance(m, dict) and m.get("role") == "user"),
                         default=None)
         index = change.index if type(change.index) is int else None
-        key = keys.browser(session_key)
         if conversation_id is None or key is None or last_user is None:
             yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key)
             return
         if index != last_user:
             yield refused(shown, t["refusals"]["edit_last_only"], conversation_id, session_key)
+            return
+        stored_last = next((m for m in reversed(rows) if m.role == "user"), None)
+        if stored_last is None or _message("user", stored_last.text) != shown[last_user]:  # another tab asked since
+            yield refused(shown, t["refusals"]["edit_stale"], conversation_id, session_key)
             return
         value = change.value
         if value is None or (isinstance(value, str) and not value.strip()):
@@ -242,7 +270,6 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         except (TenantRefused, DeskInputError) as exc:
             yield refused(shown, say(exc), conversation_id, session_key)
             return
-        rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
         events = desk.edit_last(session_key=key, client=caller.address, conversation_id=conversation_id,
                                 message=admitted, tenant=caller.tenant)
         base = shown[:last_user] + [_message("user", admitted.text)]
@@ -474,6 +501,18 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         """A new conversation: the empty chat of the topic, with its suggested questions."""
         return empty_chat(template), [], None, gr.update(value=None), gr.Timer(active=False)
 
+    @_calm(5)
+    async def change_topic(template: Any, conversation_id: Any, session_key: str):
+        """Another topic picked: a new conversation of it. The picker also reports leaving it without a pick (its
+        blur): the topic of the open conversation again changes nothing."""
+        key = keys.browser(session_key)
+        conversation_id = _conversation_id(conversation_id)
+        if key is not None and conversation_id is not None:
+            listed = await desk.list_conversations(session_key=key)
+            if any(c.id == conversation_id and c.template == template for c in listed):
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return fresh(template)
+
     async def api_chat(message: Any, history: Any, template: Any, conversation_id: Any, tenant: Any,
                        request: gr.Request) -> AsyncIterator[dict]:
         """Scriptable chat: streams {"text", "done", ...}; the last one carries the stored stats."""
@@ -564,7 +603,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         again = retry_btn.click(retry, [conversation_id, session_key, shown], screen, **streaming)
         onwards = continue_btn.click(go_on, [conversation_id, session_key, shown], screen, **streaming)
         picked = chatbot.example_select(ask_suggested, [template, conversation_id, session_key, shown], screen,
-                                        **streaming)
+                                        js=SUGGESTED_JS, **streaming)
         edited = chatbot.edit(edit, [conversation_id, session_key, shown], screen, **streaming)
         for answered in (submit, click, again, onwards, picked, edited):  # the sidebar, once the answer is stored: one short request
             answered.then(after_answer, [session_key, returned, conversation_id, shown],
@@ -595,7 +634,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         begin = {"fn": fresh, "inputs": [template], "outputs": [chatbot, shown, conversation_id, conversations,
                                                                  person_timer]}
         new_btn.click(**begin, **private)
-        template.input(**begin, **private)
+        template.input(change_topic, [template, conversation_id, session_key], begin["outputs"], **private)
         rename_btn.click(rename, [new_title, conversation_id, session_key], [conversations, new_title], queue=False,
                          **private)
         delete_btn.click(delete, [conversation_id, session_key, template],

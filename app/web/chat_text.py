@@ -77,6 +77,8 @@ TEXT = {
             "no_conversation": "找不到这段对话了，请开始新的对话。",
             "nothing_to_retry": "还没有可以重试的回答。",
             "nothing_to_edit": "还没有可以修改的问题。",
+            "edit_with_person": "人工客服正在处理这段对话，问题不能再修改了。请直接发送新消息。",
+            "edit_stale": "这段对话在别处有了新内容，请刷新页面后再修改。",
             "answering": "上一个问题还在回答中，请等回答结束（或点“停止”）后再试。",
             "edit_last_only": "只能修改最后一个问题。要改前面的内容，请开始新的对话。",
             "no_template": "这个咨询类别已不再提供，请选择其他类别。",
@@ -160,6 +162,9 @@ TEXT = {
             "no_conversation": "This conversation cannot be found any more. Please start a new one.",
             "nothing_to_retry": "There is no answer to retry yet.",
             "nothing_to_edit": "There is no question to edit yet.",
+            "edit_with_person": "A person is answering this conversation, so the question can no longer be edited. "
+                                "Please send a new message instead.",
+            "edit_stale": "This conversation has changed elsewhere. Please reload the page, then edit.",
             "answering": "The last question is still being answered. Wait for it to finish (or press Stop), then "
                          "try again.",
             "edit_last_only": "Only the last question can be edited. To change an earlier one, start a new "

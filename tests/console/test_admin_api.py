@@ -101,7 +101,7 @@ def test_every_console_route_refuses_a_client_without_a_session(admin, admin_url
                "/preview", "/publish", "/save", "/templates", "/touch_pinned", "/warm", "/reset_prefix_cache",
                "/cold_vs_warm", "/bench_ab", "/reset_and_rewarm", "/versions", "/start_split", "/promote_candidate",
                "/end_split", "/conversations", "/transcript", "/take", "/reply", "/release", "/hide_transcripts",
-               "/export_conversations"}
+               "/export_conversations", "/present"}
     assert set(endpoints) == console
     for endpoint in endpoints:
         r = httpx.post(f"{admin_url}gradio_api/call{endpoint}", json={"data": []})

@@ -9,7 +9,7 @@ from sqlalchemy import text
 
 from app import template_files
 from app.core.catalog import TemplateCatalog
-from app.core.desk import DeskInputError, Finished, Progress, WITH_PERSON
+from app.core.desk import DeskInputError, Finished, Progress
 from app.core.prompts import Turn, system_text
 from app.db import conversations as db_conversations
 from app.db import open_database
@@ -46,6 +46,10 @@ def test_titles_and_questions_past_their_limits_are_refused_with_what_to_change(
         template_files.parse("name: a\ntitle: " + "长" * 61 + "\n---\ntext")
     assert str(long_title.value) == ("<text>: the title has 61 characters; at most 60 fit the topic picker. "
                                      "Shorten it.")
+    for title in ("退换货\ninternal: true", "a\rb", "a\u2028b"):  # no header lines smuggled into an export
+        with pytest.raises(ValueError) as broken:
+            template_files.check_presentation(title, [])
+        assert str(broken.value) == "the title must be one line of text, without line breaks or control characters."
     with pytest.raises(ValueError) as long_question:
         template_files.check_presentation("", ["问" * 201])
     assert str(long_question.value) == "a suggested question has 201 characters; at most 200. Shorten it."
@@ -143,9 +147,10 @@ def test_editing_the_only_question_retitles_the_conversation_and_a_person_holds_
                                message=desk.admit(client=CLIENT, message="Where is order 1042?"))))
     assert [c.title for c in aio(desk.list_conversations(session_key="edits"))] == ["Where is order 1042?"]
     assert db.run(db_conversations.request_person, session_key="edits", conversation_id=cid)
-    held = aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
-                                      message=desk.admit(client=CLIENT, message="Hello?"))))
-    assert [(e.handoff, e.message.status) for e in held] == [("waiting", WITH_PERSON)]
+    with pytest.raises(DeskInputError) as with_person:  # the person answers what was asked: nothing replaced
+        aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
+                                   message=desk.admit(client=CLIENT, message="Hello?"))))
+    assert with_person.value.code == "edit_with_person"
     with pytest.raises(DeskInputError) as not_yours:
         aio(collect(desk.edit_last(session_key="someone else", client=CLIENT, conversation_id=cid,
                                    message=desk.admit(client=CLIENT, message="mine now"))))
@@ -190,3 +195,20 @@ def test_retry_and_edit_wait_for_an_answer_still_being_written_and_a_replaced_an
     assert (late.status, late.text) == ("replaced", "late words")  # the old stream ended after the retry began
     assert [m.id for m in db.run(db_conversations.messages, conversation_id=turn.conversation_id)] == [
         turn.user_message_id, retried.answer_id]
+
+
+def test_a_reopened_answer_being_continued_holds_retry_and_edit_however_old_it_is(store):
+    db, catalog = store
+    template = catalog.get("support-en")
+    turn = db.run(db_conversations.begin_turn, session_key="old", conversation_id=None, template_id=template.id,
+                  template_version_id=template.version_id, text="Tell me everything")
+    db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+           result=AnswerResult(text="Returns are", status="ok", finish_reason="length"))
+    long_ago = utcnow() - db_conversations.STALE_GENERATING - timedelta(minutes=1)
+    db.run(lambda s: s.execute(text("update messages set created_at = :t, finished_at = :t where id = :i"),
+                               {"t": long_ago, "i": turn.answer_id}))
+    reopened, partial = db.run(db_conversations.begin_continue, session_key="old", conversation_id=turn.conversation_id)
+    assert (reopened.answer_id, partial) == (turn.answer_id, "Returns are")
+    with pytest.raises(db_conversations.StillAnswering):  # reopened a moment ago, though begun long ago
+        db.run(db_conversations.begin_retry, session_key="old", conversation_id=turn.conversation_id,
+               template_version_id=template.version_id)

@@ -45,8 +45,8 @@ def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url
         ("after_answer", 4), ("after_answer_1", 4), ("after_answer_2", 4), ("after_answer_3", 4),
         ("after_answer_4", 4), ("after_answer_5", 4), ("after_stop", 3), ("report_first_visible", 4), ("rated", 2),
         ("send_reason", 3), ("send_reason_1", 3), ("ask_person", 3), ("poll", 4), ("on_load", 2),
-        ("open_conversation", 2), ("fresh", 1), ("fresh_1", 1), ("rename", 3), ("delete", 3), ("lambda", 0),
-        ("fresh_2", 1), ("chat", 5)]
+        ("open_conversation", 2), ("fresh", 1), ("change_topic", 3), ("rename", 3), ("delete", 3), ("lambda", 0),
+        ("fresh_1", 1), ("chat", 5)]
     secrets_on_disk = [(settings.data_dir / n).read_text() for n in ("tenant-salt.key", "browser-state.key")]
     tried = 0
     for index, dep in events:
@@ -61,7 +61,7 @@ def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url
                     assert "/file=" not in text and "gradio_api/file" not in text, (dep.get("api_name"), text[:500])
                     assert not any(m in text for m in MARKERS + tuple(secrets_on_disk)), dep.get("api_name")
                     tried += 1
-    assert tried == 87 * 5 * 5  # every input of every event (87 in all), each with 5 paths in 5 shapes
+    assert tried == 89 * 5 * 5  # every input of every event (89 in all), each with 5 paths in 5 shapes
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "/proc/self/environ", "prefixdesk.db", "tenant-salt.key"])

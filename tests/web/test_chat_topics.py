@@ -51,6 +51,21 @@ def test_an_empty_chat_suggests_its_topics_questions_and_a_click_asks_one(browse
                            arg=len(SUGGESTED["手机电脑数码"]), timeout=10_000)
     assert suggestions(page) == SUGGESTED["手机电脑数码"]  # another topic: a new conversation, its own questions
     assert page.locator(ANSWERS).count() == 0
+
+    # Its suggestion, then a typed follow-up: one conversation, the follow-up with the first as context.
+    page.locator("#chatbot button.example").first.click()
+    caption(page, 0).wait_for(timeout=60_000)
+    follow_up = f"那电池呢？{tag()}"
+    caption(page, ask(page, follow_up, watch=False)).wait_for(timeout=60_000)
+    rows = conversation(db, follow_up)
+    assert [r["text"] for r in rows if r["role"] == "user"] == [SUGGESTED["手机电脑数码"][0], follow_up]
+    # Opening the picker and leaving it without a pick keeps the conversation on screen.
+    page.locator("#template input").click()
+    page.locator("#pd-header").click()
+    page.wait_for_timeout(1500)
+    assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [SUGGESTED["手机电脑数码"][0], follow_up]
+    caption(page, ask(page, f"还有别的吗？{tag()}", watch=False)).wait_for(timeout=60_000)
+    assert len([r for r in conversation(db, follow_up) if r["role"] == "user"]) == 3  # and the next continues it
     assert faults(page) == []
     page.close()
 
@@ -74,8 +89,11 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     page.locator("#chatbot button[aria-label=Submit]").click()
     page.wait_for_function("q => [...document.querySelectorAll('#chatbot [data-testid=user]')].some("
                            "m => m.innerText.trim() === q)", arg=edited, timeout=30_000)
-    stored = wait_until(lambda: (rows := conversation(db, edited))[-1]["status"] == "ok" and rows, 60,
-                        "the edited question's answer")
+    def answered() -> list[dict] | None:  # (the page shows the question before the desk has stored it)
+        rows = conversation(db, edited) if asked(db, edited) else []
+        return rows if rows and rows[-1]["role"] == "assistant" and rows[-1]["status"] == "ok" else None
+
+    stored = wait_until(answered, 60, "the edited question's answer")
     statuses = [(r["role"], r["text"] if r["role"] == "user" else "", r["status"]) for r in stored]
     assert statuses == [("user", first, "ok"), ("assistant", "", "ok"), ("user", second, "replaced"),
                         ("assistant", "", "replaced"), ("user", edited, "ok"), ("assistant", "", "ok")]
@@ -101,10 +119,10 @@ def test_each_caption_says_when_the_answer_began_in_the_customers_own_clock(brow
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     answer = wait_until(lambda: (r := conversation(db, question)[1])["status"] == "ok" and r, 30, "the answer")
     began = _utc(answer["created_at"]).astimezone(ZoneInfo("Asia/Shanghai"))
-    now = datetime.now(timezone.utc).astimezone(ZoneInfo("Asia/Shanghai"))
-    clock = f"{began:%H:%M}" if began.date() == now.date() else f"{began:%m-%d %H:%M}"
+    today = page.evaluate("new Date().getDate()")  # the page's own day, in its zone
+    said = f"{began:%H:%M}" if began.day == today else f"{began:%m-%d %H:%M}"
     page.wait_for_function("c => document.querySelector('#chatbot .thought-group .title').innerText.endsWith(c)",
-                           arg=f" · {clock}", timeout=10_000)
+                           arg=f" · {said}", timeout=10_000)
     assert "UTC" not in caption(page, 0).inner_text()
     context.close()
 

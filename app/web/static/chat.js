@@ -36,14 +36,20 @@
     if (e.target.closest('#send')) start(false);
     if (e.target.closest('#retry, #continue')) start(true);
     if (e.target.closest('#chatbot .example')) start(false, true);
-    // An edited question's ✓ (the first of its buttons while the edit box is open): its answer replaces the last.
+    // An edited question's ✓ (the first button under the message whose edit box is open): its answer replaces
+    // the last.
     const edited = e.target.closest('#chatbot .message-buttons-right button');
-    if (edited && document.querySelector('#chatbot .edit-textarea') && !edited.previousElementSibling) start(true);
+    const editing = edited && edited.closest('.message-buttons-right').previousElementSibling;
+    if (editing && editing.querySelector('.edit-textarea') && !edited.previousElementSibling) start(true);
     if (e.target.closest('#conversations, #new-conversation')) {
       state.byAnswer = {}; state.reported = {}; state.pending = null;
     }
     // The next question begins a new conversation (CLEAR_BOX_JS in chat.py), however soon it is sent.
-    if (e.target.closest('#new-conversation, #delete, #template [data-testid=dropdown-option]')) window.__pdFresh = true;
+    const option = e.target.closest('#template [data-testid=dropdown-option]');
+    const current = document.querySelector('#template input')?.value;
+    if (e.target.closest('#new-conversation, #delete') || (option && option.innerText.trim() !== current)) {
+      window.__pdFresh = true;
+    }
     if (e.target.closest('#conversations')) window.__pdFresh = false;
   }, true);
   // What the customer typed survives a reload and a server restart (after which Gradio reloads the page): the
