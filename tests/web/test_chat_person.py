@@ -8,7 +8,7 @@ import pytest
 from app.core.desk import asks_for_person
 from app.db import conversations as db_conversations
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
-from tests.helpers.chat_page import ask, caption, conversation, faults, open_chat, tag
+from tests.helpers.chat_page import ask, caption, conversation, faults, open_chat, tag, wait_ready
 from tests.helpers.waiting import wait_until
 
 
@@ -59,6 +59,12 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
                            timeout=10_000)
     assert db["conversations"].get(conversation_id)["handoff"] == "waiting"
+    page.locator("#person").wait_for(state="hidden", timeout=10_000)  # not offered again while a person has it
+    page.reload()  # a reopened page says so too
+    wait_ready(page)
+    page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
+                           timeout=30_000)
+    page.locator("#person").wait_for(state="hidden", timeout=10_000)
     waiting = f"快点处理 {tag()}"
     ask(page, waiting, watch=False)  # stored, not answered by the model: the page says who has it
     wait_until(lambda: len(conversation(db, question)) == 3, 10, "the question to be stored")
@@ -76,6 +82,7 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
     aio(services.db.write(db_conversations.release, conversation_id=conversation_id, operator="王芳"))
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('人工客服已结束接待')",
                            timeout=15_000)
+    page.locator("#person").wait_for(state="visible", timeout=10_000)  # offered again once the person has finished
     after = f"那运费呢？{tag()}"
     ask(page, after, watch=False)
     wait_until(lambda: (rows := conversation(db, question))[-1]["role"] == "assistant"

@@ -120,6 +120,14 @@
     if (!row) return;
     row.classList.toggle('pd-streaming', streaming);
     row.classList.toggle('pd-cut', !streaming && !!title && title.innerText.includes(TEXT.cut_off));
+    // "Talk to a person" only while no person has the conversation: the chat's last word on it decides.
+    let person = false;
+    for (const bot of document.querySelectorAll('#chatbot [data-testid=bot]')) {
+      const said = bot.textContent;
+      if (said.includes(TEXT.waiting_person) || said.includes(TEXT.with_person)) person = true;
+      else if (said.includes(TEXT.released)) person = false;
+    }
+    document.querySelector('#pd-actions')?.classList.toggle('pd-with-person', person);
   };
   // Captions say when in UTC ("2026-12-01 08:03 UTC"); the customer reads their own clock: "16:03" today,
   // "11-30 16:03" before.
