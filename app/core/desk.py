@@ -227,19 +227,12 @@ class Desk:
         """Answer the last question of a stored conversation again; the new answer replaces the old."""
         template = await self._stored_template(client, conversation_id)
         try:
-            turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
-                                       conversation_id=conversation_id, template_version_id=template.version_id)
+            with _refusals(nothing="nothing_to_retry", not_saved="not_retried"):
+                turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
+                                         conversation_id=conversation_id, template_version_id=template.version_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
             return
-        except db_conversations.NotYours:
-            raise DeskInputError("no_conversation") from None
-        except db_conversations.StillAnswering:
-            raise DeskInputError("answering") from None
-        except LookupError:
-            raise DeskInputError("nothing_to_retry") from None
-        except StoreError as exc:
-            raise DeskInputError("not_retried", detail=str(exc)) from None
         turns = await self._until_generating(turn, self._stored_turns(conversation_id))
         question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
         async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant,
@@ -253,19 +246,12 @@ class Desk:
         assert message.client == client, "a message admitted for another client"
         template = await self._stored_template(client, conversation_id, check_rate=False)  # admit counted it
         try:
-            turn = await self._begin(db_conversations.begin_edit, session_key=session_key,
-                                     conversation_id=conversation_id, text=message.text,
-                                     template_version_id=template.version_id)
+            with _refusals(nothing="nothing_to_edit", not_saved="not_saved"):
+                turn = await self._begin(db_conversations.begin_edit, session_key=session_key,
+                                         conversation_id=conversation_id, text=message.text,
+                                         template_version_id=template.version_id)
         except db_conversations.WithPerson:  # the person answers what was asked: nothing is replaced under them
             raise DeskInputError("edit_with_person") from None
-        except db_conversations.NotYours:
-            raise DeskInputError("no_conversation") from None
-        except db_conversations.StillAnswering:
-            raise DeskInputError("answering") from None
-        except LookupError:
-            raise DeskInputError("nothing_to_edit") from None
-        except StoreError as exc:
-            raise DeskInputError("not_saved", detail=str(exc)) from None
         turns = await self._until_generating(turn, self._stored_turns(conversation_id))
         if turns and turns[-1].role == "user":
             turns.pop()
@@ -279,17 +265,12 @@ class Desk:
         with the answer so far (no new question), and the stored row gets the whole text."""
         template = await self._stored_template(client, conversation_id)
         try:
-            turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
-                                              conversation_id=conversation_id)
+            with _refusals(nothing="nothing_to_continue", not_saved="not_retried"):
+                turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
+                                                  conversation_id=conversation_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
             return
-        except db_conversations.NotYours:
-            raise DeskInputError("no_conversation") from None
-        except db_conversations.NothingToContinue:
-            raise DeskInputError("nothing_to_continue") from None
-        except StoreError as exc:
-            raise DeskInputError("not_retried", detail=str(exc)) from None
         template = await self._until_generating(turn, self._on_version(template, turn.template_version_id), partial)
         # The reopened answer is "generating": not among them.
         turns = await self._until_generating(turn, self._stored_turns(conversation_id), partial)
@@ -510,6 +491,26 @@ class Desk:
         except StoreError:
             log.exception("could not store answer %s (%s)", answer_id, result.status)
             raise
+
+
+
+@contextlib.contextmanager
+def _refusals(*, nothing: str, not_saved: str):
+    """What Retry, an edit and Continue tell the customer when the store refuses them: another's (or a deleted)
+    conversation, an answer still being written, nothing to do again (``nothing``), a failed write
+    (``not_saved``). WithPerson passes through: each says it its own way."""
+    try:
+        yield
+    except db_conversations.WithPerson:
+        raise
+    except db_conversations.NotYours:
+        raise DeskInputError("no_conversation") from None
+    except db_conversations.StillAnswering:
+        raise DeskInputError("answering") from None
+    except LookupError:
+        raise DeskInputError(nothing) from None
+    except StoreError as exc:
+        raise DeskInputError(not_saved, detail=str(exc)) from None
 
 
 def _with_person(conversation_id: int, message_id: int, version_id: int | None, handoff: str) -> Finished:

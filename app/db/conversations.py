@@ -135,20 +135,8 @@ def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, tem
 
 def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_version_id: int) -> TurnIds:
     """Replace the last answer of a conversation with a new empty one: the old answer row is marked
-    ``replaced`` (kept for the record, never shown or sent as context again). Raises LookupError when
-    the conversation is not this browser's or has no question to answer again."""
-    conv = s.get(Conversation, conversation_id)
-    if conv is None or conv.session_key != session_key:
-        raise NotYours()
-    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
-                                           Message.status != "replaced").order_by(Message.id)).all()
-    last_user = next((m for m in reversed(rows) if m.role == "user"), None)
-    if last_user is None:
-        raise LookupError("This conversation has no question to answer again.")
-    if conv.handoff:
-        raise WithPerson(conv.handoff, last_user.id)
-    if _still_answering(rows, last_user.id):
-        raise StillAnswering()
+    ``replaced`` (kept for the record, never shown or sent as context again). Raises as _last_question."""
+    _, rows, last_user = _last_question(s, session_key, conversation_id)
     for m in rows:
         if m.id > last_user.id and m.role == "assistant":
             m.status = "replaced"
@@ -164,19 +152,8 @@ def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
     """Ask the conversation's last question again as ``text`` (the customer edited it): the old question and
     its answers are marked ``replaced`` (kept for the record, never shown or sent as context again), the new
     question is stored with an empty answer to fill. A conversation still titled by the old question takes the
-    new one's title. Raises NotYours, LookupError when there is no question, WithPerson while a person answers."""
-    conv = s.get(Conversation, conversation_id)
-    if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
-        raise NotYours()
-    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
-                                           Message.status != "replaced").order_by(Message.id)).all()
-    last_user = next((m for m in reversed(rows) if m.role == "user"), None)
-    if last_user is None:
-        raise LookupError("This conversation has no question to edit.")
-    if conv.handoff:
-        raise WithPerson(conv.handoff, last_user.id)
-    if _still_answering(rows, last_user.id):
-        raise StillAnswering()
+    new one's title. Raises as _last_question."""
+    conv, rows, last_user = _last_question(s, session_key, conversation_id)
     for m in rows:
         if m.id >= last_user.id:
             m.status = "replaced"
@@ -190,6 +167,24 @@ def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
     s.add_all([user, answer])
     s.flush()
     return TurnIds(conversation_id, user.id, answer.id, template_version_id)
+
+
+def _last_question(s: Session, session_key: str, conversation_id: int) -> tuple[Conversation, list[Message], Message]:
+    """(conversation, its shown messages, their last question) for Retry and an edit. Raises NotYours (another's
+    or deleted), LookupError (no question), WithPerson (a person answers it), StillAnswering."""
+    conv = s.get(Conversation, conversation_id)
+    if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
+        raise NotYours()
+    rows = list(s.scalars(select(Message).where(Message.conversation_id == conversation_id,
+                                                Message.status != "replaced").order_by(Message.id)))
+    last_user = next((m for m in reversed(rows) if m.role == "user"), None)
+    if last_user is None:
+        raise LookupError("This conversation has no question yet.")
+    if conv.handoff:
+        raise WithPerson(conv.handoff, last_user.id)
+    if _still_answering(rows, last_user.id):
+        raise StillAnswering()
+    return conv, rows, last_user
 
 
 class StillAnswering(LookupError):

@@ -212,3 +212,20 @@ def test_a_reopened_answer_being_continued_holds_retry_and_edit_however_old_it_i
     with pytest.raises(db_conversations.StillAnswering):  # reopened a moment ago, though begun long ago
         db.run(db_conversations.begin_retry, session_key="old", conversation_id=turn.conversation_id,
                template_version_id=template.version_id)
+
+
+def test_a_deleted_conversation_is_neither_retried_nor_edited_nor_continued(store):
+    db, catalog = store
+    template = catalog.get("support-en")
+    turn = db.run(db_conversations.begin_turn, session_key="gone", conversation_id=None, template_id=template.id,
+                  template_version_id=template.version_id, text="Where is my parcel?")
+    db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+           result=AnswerResult(text="It is", status="ok", finish_reason="length"))
+    db.run(db_conversations.delete, session_key="gone", conversation_id=turn.conversation_id)
+    for begin, extra in ((db_conversations.begin_retry, {"template_version_id": template.version_id}),
+                         (db_conversations.begin_edit, {"text": "My parcel?", "template_version_id": template.version_id}),
+                         (db_conversations.begin_continue, {})):
+        with pytest.raises(db_conversations.NotYours):
+            db.run(begin, session_key="gone", conversation_id=turn.conversation_id, **extra)
+    assert [(m.role, m.status, m.text) for m in db.run(db_conversations.messages, conversation_id=turn.conversation_id)] == [
+        ("user", "ok", "Where is my parcel?"), ("assistant", "ok", "It is")]
