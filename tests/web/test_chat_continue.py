@@ -1,5 +1,6 @@
 """An answer cut off at its length says so and goes on with Continue: the same answer, one stored row with the
-whole text, the prompt ending with the answer so far (no new question) — on a desktop and on a phone."""
+whole text, the prompt ending with the answer so far (no new question) — on a desktop and on a phone; and it is
+not offered while a person has the conversation."""
 
 import pytest
 
@@ -57,4 +58,25 @@ def test_continue_goes_on_with_a_cut_off_answer_as_the_same_answer(browser, shor
     assert page.locator("#chatbot [data-testid=user]").count() == 1
     assert faults(page) == []
     screenshot(page, "chat-continued")
+    page.close()
+
+
+def test_continue_is_not_offered_while_a_person_has_the_conversation(browser, short_answers):
+    url, db = short_answers
+    page = open_chat(browser, url, PHONE)
+    question = f"我要投诉，订单一直没发货 {tag()}"
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    page.locator("#continue").wait_for(state="visible", timeout=10_000)  # a cut-off answer may go on
+    page.locator("#person").click()
+    page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
+                           timeout=10_000)
+    page.locator("#continue").wait_for(state="hidden", timeout=10_000)
+    buttons = [page.locator(s).bounding_box() for s in ("#send", "#stop", "#retry")]
+    assert len({round(b["y"]) for b in buttons}) == 1  # the composer's buttons share one line on a phone
+    assert all(b["x"] + b["width"] <= PHONE["width"] for b in buttons)
+    assert_tidy(page)
+    screenshot(page, "chat-person-cut-off")
+    assert wait_until(lambda: next(db["conversations"].rows_where(
+        "id = ?", [conversation(db, question)[0]["conversation_id"]]))["handoff"], 10, "the handoff") == "waiting"
+    assert faults(page) == []
     page.close()

@@ -1,7 +1,7 @@
 """The chat's topics and questions as a customer meets them in chromium: the topic picker by the title (a phone
 shows it too) with each topic's title, its suggested questions on an empty chat (a click asks one as if typed),
 the last question edited and asked again, the thumbs still marked after a reload, the time each answer began in
-the customer's own clock, and Continue not offered while a person has the conversation."""
+the customer's own clock."""
 
 from datetime import datetime, timezone
 from zoneinfo import ZoneInfo
@@ -9,9 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 
 from tests.helpers.browser import DESKTOP, PHONE, above_the_fold, assert_tidy, screenshot
-from tests.helpers.chat_page import (ANSWERS, READY, ask, caption, conversation, database_of, faults, open_chat,
-                                     tag)
-from tests.helpers.servers import SecondServer
+from tests.helpers.chat_page import ANSWERS, READY, ask, caption, conversation, faults, open_chat, tag
 from tests.helpers.waiting import wait_until
 
 SUGGESTED = {"购物咨询": ["签收后还能无理由退货吗？", "买完就降价了，可以申请价保吗？", "电子发票多久能收到？"],
@@ -129,33 +127,3 @@ def test_each_caption_says_when_the_answer_began_in_the_customers_own_clock(brow
 
 def _utc(stored: str) -> datetime:
     return datetime.fromisoformat(stored).replace(tzinfo=timezone.utc)
-
-
-@pytest.fixture(scope="module")
-def cut_short(services, engine_loop, tmp_path_factory):
-    """A chat whose every answer runs to a budget of 24 tokens: each one is cut off."""
-    server = SecondServer(services, engine_loop, tmp_path_factory.mktemp("cut-short"), ignore_eos=True,
-                          max_tokens=24, ui_language="zh")
-    with server as url:
-        yield url, database_of(server)
-
-
-def test_continue_is_not_offered_while_a_person_has_the_conversation(browser, cut_short):
-    url, db = cut_short
-    page = open_chat(browser, url, PHONE)
-    question = f"我要投诉，订单一直没发货 {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
-    page.locator("#continue").wait_for(state="visible", timeout=10_000)  # a cut-off answer may go on
-    page.locator("#person").click()
-    page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=10_000)
-    page.locator("#continue").wait_for(state="hidden", timeout=10_000)
-    buttons = [page.locator(s).bounding_box() for s in ("#send", "#stop", "#retry")]
-    assert len({round(b["y"]) for b in buttons}) == 1  # the composer's buttons share one line on a phone
-    assert all(b["x"] + b["width"] <= PHONE["width"] for b in buttons)
-    assert_tidy(page)
-    screenshot(page, "chat-person-cut-off")
-    assert wait_until(lambda: next(db["conversations"].rows_where(
-        "id = ?", [conversation(db, question)[0]["conversation_id"]]))["handoff"], 10, "the handoff") == "waiting"
-    assert faults(page) == []
-    page.close()
