@@ -9,7 +9,7 @@ from gradio_client import Client
 from app.core.demo import demo_questions
 from app.db import audit as db_audit
 from app.core.prompts import system_text
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, resize, screenshot
 from tests.helpers.servers import full_blocks, operator
 
 OPERATOR = ("op-demo", "benchmarks at the meeting")
@@ -93,13 +93,13 @@ def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(bro
     published = len(services.catalog.entries())
     assert re.fullmatch(rf"前缀缓存已重置（丢弃 \d+ 个已缓存的块）；{published} 个模板已重新预热，用时 \d+ ms。",
                         page.locator("#demo-rewarm-status").inner_text())
+    services.engine.residency.wait_quiet()  # vLLM's last cache events reach the mirror a moment after the step
     for name in (t.name for t in services.catalog.all()):  # warm again: every published prefix is resident
         match = services.engine.residency.match(services.catalog.prefix_ids(name))
         assert match.fully_resident, name
     entries = [(e.user, e.action) for e in services.db.run(db_audit.recent, limit=published + 1)]
     assert entries == [(OPERATOR[0], "warmup")] * published + [(OPERATOR[0], "reset prefix cache")]
-    page.set_viewport_size(PHONE)
-    page.wait_for_timeout(500)
+    resize(page, PHONE)
     assert_tidy(page)
     screenshot(page, "demo-after")
     page.close()

@@ -18,7 +18,7 @@ from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import Message, utcnow
 from app.db.rows import TtftSplit
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, resize, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 from tests.helpers.waiting import eventually, wait_until
@@ -211,8 +211,7 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
     assert demo_line.startswith("演示流量（演示页，非顾客）：1 个命名空间 · ")
     assert_tidy(page)
     screenshot(page, "cache-adds-up")
-    page.set_viewport_size(PHONE)
-    page.wait_for_timeout(500)
+    resize(page, PHONE)
     assert_tidy(page)
     screenshot(page, "cache-adds-up")
     page.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
 from tests.helpers.servers import OUTPUT_DIR
 
 CHROMIUM = "/usr/bin/chromium"
@@ -92,6 +94,28 @@ def assert_tidy(page) -> Layout:
     assert seen.scroll_width <= page.viewport_size["width"], f"page is {seen.scroll_width} px wide"
     assert seen.overlaps == [], f"overlapping controls: {seen.overlaps}"
     return seen
+
+
+# Settled: the controls' boxes read the same on three polls in a row (100 ms apart).
+SETTLED_JS = """() => {
+  const now = document.documentElement.clientWidth + '|' + [...document.querySelectorAll(
+      'button, input, textarea, [role=tab]')].map(e => {
+    const r = e.getBoundingClientRect(); return [r.x, r.y, r.width, r.height].map(Math.round).join(','); }).join(';');
+  const s = window.__pdSettle = window.__pdSettle || {last: null, same: 0};
+  s.same = now === s.last ? s.same + 1 : 0; s.last = now;
+  return s.same >= 3;
+}"""
+
+
+def resize(page, size: dict) -> None:
+    """Set the viewport and wait until the page has laid itself out again (no fixed sleep to outrun). A page whose
+    controls keep moving for 10 s goes on as it is: what a test checks next then judges it."""
+    page.set_viewport_size(size)
+    page.evaluate("() => { window.__pdSettle = null; }")
+    try:
+        page.wait_for_function(SETTLED_JS, polling=100, timeout=10_000)
+    except PlaywrightTimeoutError:
+        pass
 
 
 def above_the_fold(page, selector: str) -> bool:

@@ -83,9 +83,12 @@ def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(servic
 def test_eight_concurrent_chats_are_batched_by_the_engine(server_url, engine, db):
     engine.reset_max_running_seen()
     finals = [None] * 8
+    clients = [Client(server_url, verbose=False) for _ in range(8)]  # connected before any chat begins
+    together = threading.Barrier(8)
 
     def one(i):
-        finals[i] = chat(Client(server_url, verbose=False), f"第{i}位顾客：订单什么时候发货？")[1]
+        together.wait(60)
+        finals[i] = chat(clients[i], f"第{i}位顾客：订单什么时候发货？")[1]
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
     for t in threads:

@@ -23,7 +23,7 @@ def long_answers(services, engine_loop, tmp_path_factory):
 
 def first_visible(db, message_id: int) -> float:
     """The answer's stored first-text time, once the page has reported it."""
-    return wait_until(lambda: db["messages"].get(message_id)["first_visible_ms"], 10,
+    return wait_until(lambda: db["messages"].get(message_id)["first_visible_ms"], 30,
                       f"the page to report answer {message_id}'s first text")
 
 
@@ -56,14 +56,15 @@ def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numb
                                arg=[i, f"{seconds(glyph_ms)} 秒内开始回复"
                                        + (" · 回答较长，已截断" if row["finish_reason"] == "length" else "")
                                        + f" · {clock(page, row['created_at'])}"],
-                               timeout=10_000)
+                               timeout=30_000)
         caption(page, i).click()
         details = page.locator(ANSWERS).nth(i).locator(".thought-group .content")
         # The server's figures, in plain words; a customer is told of no more reuse than the template's 1,024.
         wait_until(lambda: details.inner_text() == (
             f"首字显示 {glyph_ms} 毫秒 · 服务器开始回复 {row['ttft_ms']:.0f} 毫秒 · "
-            f"已读资料复用 {min(row['num_cached_tokens'], 1024)}/{row['prompt_tokens']} · "
-            f"每秒 {row['decode_tokens_per_s']:.0f} 字"), 10, lambda: f"details {details.inner_text()!r}")
+            f"已读资料复用 {min(row['num_cached_tokens'], 1024)}/{row['prompt_tokens']}"
+            + (f" · 每秒 {row['decode_tokens_per_s']:.0f} 字" if row["decode_tokens_per_s"] else "")),  # measured
+            30, lambda: f"details {details.inner_text()!r}")
     assert faults(page) == []
     assert_tidy(page)
     screenshot(page, "chat-caption")
@@ -80,7 +81,7 @@ def test_the_page_fits_the_screen_with_no_control_over_another(browser, server_u
     screenshot(page, f"{name}-empty")
     question = f"订单什么时候发货？{uuid.uuid4().hex[:6]}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
-    caption(page, 0).filter(has_text="秒内开始回复").wait_for(timeout=10_000)
+    caption(page, 0).filter(has_text="秒内开始回复").wait_for(timeout=30_000)
     caption(page, 0).click()
     for selector in ("#message textarea", "#send"):
         assert above_the_fold(page, selector), f"{selector} is below the fold after an answer"
@@ -187,7 +188,7 @@ def test_retry_on_a_reopened_conversation_replaces_the_last_answer(browser, serv
     assert chat.locator("[data-testid=user]").count() == 2
     # The retried answer's first text was measured again, and its caption says so.
     glyph_ms = first_visible(db, retried["id"])
-    caption(page, 1).filter(has_text=f"{seconds(glyph_ms)} 秒内开始回复").wait_for(timeout=10_000)
+    caption(page, 1).filter(has_text=f"{seconds(glyph_ms)} 秒内开始回复").wait_for(timeout=30_000)
     screenshot(page, "chat-retried")
     page.close()
 

@@ -40,9 +40,9 @@ def test_continue_goes_on_with_a_cut_off_answer_as_the_same_answer(browser, shor
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     (user, answer) = conversation(db, question)
     assert (answer["status"], answer["finish_reason"]) == ("ok", "length")
-    caption(page, 0).filter(has_text="回答较长，已截断").wait_for(timeout=10_000)
+    caption(page, 0).filter(has_text="回答较长，已截断").wait_for(timeout=30_000)
     go_on = page.locator("#continue")
-    go_on.wait_for(state="visible", timeout=10_000)
+    go_on.wait_for(state="visible", timeout=30_000)
     assert_tidy(page)
     screenshot(page, "chat-cut-off")
 
@@ -66,17 +66,17 @@ def test_continue_is_not_offered_while_a_person_has_the_conversation(browser, sh
     page = open_chat(browser, url, PHONE)
     question = f"我要投诉，订单一直没发货 {tag()}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
-    page.locator("#continue").wait_for(state="visible", timeout=10_000)  # a cut-off answer may go on
+    page.locator("#continue").wait_for(state="visible", timeout=30_000)  # a cut-off answer may go on
     page.locator("#person").click()
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=10_000)
-    page.locator("#continue").wait_for(state="hidden", timeout=10_000)
+                           timeout=30_000)
+    page.locator("#continue").wait_for(state="hidden", timeout=30_000)
     buttons = [page.locator(s).bounding_box() for s in ("#send", "#stop", "#retry")]
     assert len({round(b["y"]) for b in buttons}) == 1  # the composer's buttons share one line on a phone
     assert all(b["x"] + b["width"] <= PHONE["width"] for b in buttons)
     assert_tidy(page)
     screenshot(page, "chat-person-cut-off")
     assert wait_until(lambda: next(db["conversations"].rows_where(
-        "id = ?", [conversation(db, question)[0]["conversation_id"]]))["handoff"], 10, "the handoff") == "waiting"
+        "id = ?", [conversation(db, question)[0]["conversation_id"]]))["handoff"], 30, "the handoff") == "waiting"
     assert faults(page) == []
     page.close()

@@ -29,8 +29,8 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     answer = conversation(db, question)[1]
     assert page.locator("#chatbot button[aria-label='Copy message']").count() == 2  # the question's, the answer's
     page.locator("#chatbot button[aria-label='Dislike']").first.click()
-    page.locator("#pd-reason").wait_for(state="visible", timeout=10_000)
-    rating = wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]), None), 10,
+    page.locator("#pd-reason").wait_for(state="visible", timeout=30_000)
+    rating = wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]), None), 30,
                         "the thumbs to be stored")
     assert (rating["thumbs"], rating["reason"], rating["conversation_id"], rating["template_version_id"]) == (
         -1, "", answer["conversation_id"], answer["template_version_id"])
@@ -38,11 +38,11 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     assert_tidy(page)
     screenshot(page, "chat-thumbs-reason")
     page.locator("#reason-send").click()
-    page.locator("#pd-reason").wait_for(state="hidden", timeout=10_000)
-    assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 10,
+    page.locator("#pd-reason").wait_for(state="hidden", timeout=30_000)
+    assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 30,
                       "the reason") == "没有回答我的问题"
     page.locator("#chatbot button[aria-label='Like']").first.click()  # rating again replaces it
-    wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 10,
+    wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 30,
                "the thumbs up")
     assert db["ratings"].count_where("message_id = ?", [answer["id"]]) == 1
     assert faults(page) == []
@@ -57,17 +57,17 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
 
     page.locator("#person").click()
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=10_000)
+                           timeout=30_000)
     assert db["conversations"].get(conversation_id)["handoff"] == "waiting"
-    page.locator("#person").wait_for(state="hidden", timeout=10_000)  # not offered again while a person has it
+    page.locator("#person").wait_for(state="hidden", timeout=30_000)  # not offered again while a person has it
     page.reload()  # a reopened page says so too
     wait_ready(page)
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
                            timeout=30_000)
-    page.locator("#person").wait_for(state="hidden", timeout=10_000)
+    page.locator("#person").wait_for(state="hidden", timeout=30_000)
     waiting = f"快点处理 {tag()}"
     ask(page, waiting, watch=False)  # stored, not answered by the model: the page says who has it
-    wait_until(lambda: len(conversation(db, question)) == 3, 10, "the question to be stored")
+    wait_until(lambda: len(conversation(db, question)) == 3, 30, "the question to be stored")
     assert [r["role"] for r in conversation(db, question)] == ["user", "assistant", "user"]
 
     aio(services.db.write(db_conversations.take, conversation_id=conversation_id, operator="王芳"))
@@ -82,7 +82,7 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
     aio(services.db.write(db_conversations.release, conversation_id=conversation_id, operator="王芳"))
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('人工客服已结束接待')",
                            timeout=15_000)
-    page.locator("#person").wait_for(state="visible", timeout=10_000)  # offered again once the person has finished
+    page.locator("#person").wait_for(state="visible", timeout=30_000)  # offered again once the person has finished
     after = f"那运费呢？{tag()}"
     ask(page, after, watch=False)
     wait_until(lambda: (rows := conversation(db, question))[-1]["role"] == "assistant"

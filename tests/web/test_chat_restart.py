@@ -45,7 +45,7 @@ def test_a_restarted_server_breaks_nothing_on_an_open_page(browser, tmp_path):
         page.wait_for_function(f"({READY}) && document.querySelectorAll('#chatbot [data-testid=user]').length",
                                timeout=60_000)
         page.wait_for_function("document.querySelector('#message textarea').value === '还有一个问题没发'",
-                               timeout=10_000)
+                               timeout=30_000)
         assert questions_shown(page) == [open_q]
         assert page.locator("#conversations input:checked").count() == 1  # the open one is marked
 

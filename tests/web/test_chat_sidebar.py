@@ -15,20 +15,20 @@ def test_rename_then_delete_and_the_next_message_starts_afresh(browser, server_u
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
     label = page.locator("#conversations label").filter(has_text=question[:10]).first
-    label.wait_for(timeout=10_000)
+    label.wait_for(timeout=30_000)
     line_px = float(label.evaluate("l => parseFloat(getComputedStyle(l.querySelector('span')).lineHeight)"))
     assert label.locator("span").bounding_box()["height"] <= 2 * line_px + 1  # two lines at most
 
     title = f"我的退货 {tag()}"
     page.locator("#new-title textarea, #new-title input").first.fill(title)
     page.locator("#rename").click()
-    page.locator("#conversations label").filter(has_text=title).wait_for(timeout=10_000)
+    page.locator("#conversations label").filter(has_text=title).wait_for(timeout=30_000)
     assert db["conversations"].get(conversation_id)["title"] == title
     assert_tidy(page)
     screenshot(page, "chat-renamed")
 
     page.locator("#delete").click()
-    page.locator("#conversations label").filter(has_text=title).wait_for(state="detached", timeout=10_000)
+    page.locator("#conversations label").filter(has_text=title).wait_for(state="detached", timeout=30_000)
     assert db["conversations"].get(conversation_id)["deleted_at"] is not None
     assert page.locator("#chatbot [data-testid=user]").count() == 0
     fresh = f"新的问题 {tag()}"
@@ -45,7 +45,7 @@ def test_a_topic_published_after_the_page_opened_is_offered(browser, server_url,
     aio(console.templates.publish(name=name, version=1, user="op"))
     page.locator("#template input").click()
     option = page.locator("#template [data-testid=dropdown-option]").filter(has_text=name)
-    wait_until(lambda: option.count() == 1, 10, f"{name} among the topics")
+    wait_until(lambda: option.count() == 1, 30, f"{name} among the topics")
     page.close()
 
 

@@ -40,7 +40,7 @@ def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> d
     rows = conversation(db, question)
     assert rows[-2]["text"] == question
     row = rows[-1]
-    page.locator("#conversations label").first.wait_for(timeout=10_000)
+    page.locator("#conversations label").first.wait_for(timeout=30_000)
     assert faults(page) == [], f"after Stop {index}: {faults(page)}"
     return row
 

@@ -29,7 +29,7 @@ def test_an_empty_chat_suggests_its_topics_questions_and_a_click_asks_one(browse
     page = open_chat(browser, server_url, viewport)
     assert page.locator("#template input").input_value() == "购物咨询"  # the topic's title, not its name
     assert above_the_fold(page, "#template")  # by the title, on a phone too (its sidebar starts closed)
-    page.locator("#chatbot button.example").first.wait_for(timeout=10_000)
+    page.locator("#chatbot button.example").first.wait_for(timeout=30_000)
     assert suggestions(page) == SUGGESTED["购物咨询"]
     assert_tidy(page)
     screenshot(page, "chat-suggested")
@@ -39,14 +39,14 @@ def test_an_empty_chat_suggests_its_topics_questions_and_a_click_asks_one(browse
     page.locator("#chatbot button.example").nth(1).click()
     caption(page, 0).wait_for(timeout=60_000)
     assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [question]
-    wait_until(lambda: asked(db, question) == before + 1, 10, "the suggested question to be stored")
+    wait_until(lambda: asked(db, question) == before + 1, 30, "the suggested question to be stored")
     assert page.locator("#chatbot button.example").count() == 0  # a chat with messages suggests nothing
-    page.wait_for_function("window.__pdGlyph.measured.length === 1", timeout=10_000)  # its first text was timed
+    page.wait_for_function("window.__pdGlyph.measured.length === 1", timeout=30_000)  # its first text was timed
 
     page.locator("#template input").click()
     page.locator("#template [data-testid=dropdown-option]").filter(has_text="手机电脑数码").click()
     page.wait_for_function("n => document.querySelectorAll('#chatbot button.example').length === n",
-                           arg=len(SUGGESTED["手机电脑数码"]), timeout=10_000)
+                           arg=len(SUGGESTED["手机电脑数码"]), timeout=30_000)
     assert suggestions(page) == SUGGESTED["手机电脑数码"]  # another topic: a new conversation, its own questions
     assert page.locator(ANSWERS).count() == 0
 
@@ -76,7 +76,7 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     old = conversation(db, second)
     page.locator(ANSWERS).first.hover()
     page.locator("#chatbot .message-buttons-left").first.locator("button[aria-label=Dislike]").click()
-    wait_until(lambda: db["ratings"].count_where("message_id = ?", [old[1]["id"]]) == 1, 10, "the thumbs down")
+    wait_until(lambda: db["ratings"].count_where("message_id = ?", [old[1]["id"]]) == 1, 30, "the thumbs down")
     pencils = page.locator("#chatbot button[aria-label=Edit]")
     assert [p.is_visible() for p in pencils.all()] == [False, True]  # only the last question can be edited
 
@@ -96,7 +96,7 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     assert statuses == [("user", first, "ok"), ("assistant", "", "ok"), ("user", second, "replaced"),
                         ("assistant", "", "replaced"), ("user", edited, "ok"), ("assistant", "", "ok")]
     caption(page, 1).wait_for(timeout=30_000)
-    page.wait_for_function("window.__pdGlyph.measured.length === 3", timeout=10_000)  # the edit's answer was timed
+    page.wait_for_function("window.__pdGlyph.measured.length === 3", timeout=30_000)  # the edit's answer was timed
     assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [first, edited]
 
     page.reload()
@@ -120,7 +120,7 @@ def test_each_caption_says_when_the_answer_began_in_the_customers_own_clock(brow
     today = page.evaluate("new Date().getDate()")  # the page's own day, in its zone
     said = f"{began:%H:%M}" if began.day == today else f"{began:%m-%d %H:%M}"
     page.wait_for_function("c => document.querySelector('#chatbot .thought-group .title').innerText.endsWith(c)",
-                           arg=f" · {said}", timeout=10_000)
+                           arg=f" · {said}", timeout=30_000)
     assert "UTC" not in caption(page, 0).inner_text()
     context.close()
 

@@ -1,6 +1,7 @@
 """Faults an operator fears, each on a real server process: a dying engine, a signal, bad settings."""
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -139,7 +140,9 @@ def test_an_engine_that_stops_making_progress_is_reported_down_and_restarted(tmp
             return not seen["ok"]
 
         wait_until(reported, 30, lambda: f"/healthz to report the stall (last: {seen})", poll_s=0.2)
-        assert seen["reason"] in {f"no request has progressed for {s} s" for s in (3, 4)} | {"the model is restarting"}
+        # Reported once the stall passes its 3 s; a poll on a slow moment may read it a second or two later.
+        stalled = re.fullmatch(r"no request has progressed for (\d+) s", seen["reason"])
+        assert (stalled and int(stalled[1]) >= 3) or seen["reason"] == "the model is restarting", seen
         final = job.result(timeout=60)
         assert (final["status"], final["error"]) == ("error", "The answer broke off: the model stopped unexpectedly "
                                                               "and is restarting; please retry in a moment.")
