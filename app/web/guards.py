@@ -107,9 +107,11 @@ class GradioRoutes:
     ``unqueued``: per mount ("" the chat, "/admin" the console), the fn_index of each event that runs
     outside the queue, the only ones run/predict may name."""
 
-    def __init__(self, app, *, unqueued: dict[str, frozenset[int]] | None = None):
+    def __init__(self, app, *, unqueued: dict[str, frozenset[int]] | None = None,
+                 inputs: dict[str, dict[int, int]] | None = None):
         self.app = app
         self.unqueued = unqueued or {}
+        self.inputs = inputs or {}  # per mount, each event's number of inputs: a body with fewer is refused here
         self._refused = RateLimitedLog(log)
 
     async def __call__(self, scope, receive, send):
@@ -127,13 +129,21 @@ class GradioRoutes:
         elif not console and local.startswith(CHAT_FILE_ROUTES):
             return await self._not_found(scope, send)
         predict = local == CHAT_PREDICT
-        if (path == CHAT_JOIN or predict) and scope.get("method") == "POST":
+        if local in (CHAT_JOIN, CHAT_PREDICT) and scope.get("method") == "POST":
             body = await _whole_body(receive)
             if body is None:
                 return
-            if predict and _fn_index(body) not in self.unqueued.get(CONSOLE if console else "", ()):
+            mount = CONSOLE if console else ""
+            value = await _parsed(body)
+            fn_index = _fn_index(value)
+            if predict and fn_index not in self.unqueued.get(mount, ()):
                 return await self._not_found(scope, send)
-            if not console and await _names_a_file(body):
+            # Gradio fails an event sent fewer values than it has inputs with a 500 and a traceback in the log.
+            wanted = self.inputs.get(mount, {}).get(fn_index)
+            data = value.get("data") if isinstance(value, dict) else None
+            if wanted is not None and not (isinstance(data, list) and len(data) >= wanted):
+                return await _reject(send, 400, too_few_values(wanted))
+            if not console and _names_a_file(body, value):
                 return await _reject(send, 400, NO_FILES)
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
@@ -148,13 +158,21 @@ class GradioRoutes:
         await send({"type": "http.response.body", "body": NOT_FOUND})
 
 
-def _fn_index(body: bytes) -> int | None:
-    """The event a run/predict body names (its fn_index, an int), or None. These bodies are the page's small
-    ones (RequestGuard bounds every body): parsed here, on the loop."""
+def too_few_values(wanted: int) -> str:
+    return f"This event takes {wanted} values in its data list; send every one of them."
+
+
+async def _parsed(body: bytes):
+    """An event body as JSON (None if it is not): parsed on the loop when small, as the page's are (RequestGuard
+    bounds every body), else on a thread."""
     try:
-        value = json.loads(body)
+        return json.loads(body) if len(body) < PARSE_ON_THREAD_BYTES else await asyncio.to_thread(json.loads, body)
     except (ValueError, RecursionError):
         return None
+
+
+def _fn_index(value) -> int | None:
+    """The event a body names (its fn_index, an int), or None."""
     index = value.get("fn_index") if isinstance(value, dict) else None
     return index if type(index) is int else None
 
@@ -185,14 +203,10 @@ def _replay(body: bytes, receive):
     return replayed
 
 
-async def _names_a_file(body: bytes) -> bool:
-    """Whether an event body holds a file-shaped value (Gradio's FileData: a "path" and meta._type
-    "gradio.FileData"), anywhere in it. A body that is not JSON is left to Gradio to refuse."""
+def _names_a_file(body: bytes, value) -> bool:
+    """Whether an event body (``value``, parsed) holds a file-shaped value (Gradio's FileData: a "path" and
+    meta._type "gradio.FileData"), anywhere in it. A body that is not JSON is left to Gradio to refuse."""
     if b"FileData" not in body and b"\\u" not in body:  # the type's name, or JSON escapes that could hide it
-        return False
-    try:
-        value = json.loads(body) if len(body) < PARSE_ON_THREAD_BYTES else await asyncio.to_thread(json.loads, body)
-    except (ValueError, RecursionError):
         return False
     pending = [value]
     while pending:

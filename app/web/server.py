@@ -158,7 +158,8 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
         mounted.has_launched = True
     app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language)
     # Behind the gate: a stranger learns nothing of the console's routes.
-    app.add_middleware(GradioRoutes, unqueued={"": _unqueued(chat), "/admin": _unqueued(blocks)})
+    app.add_middleware(GradioRoutes, unqueued={"": _unqueued(chat), "/admin": _unqueued(blocks)},
+                       inputs={"": _inputs(chat), "/admin": _inputs(blocks)})
     app.add_middleware(ConsoleGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
@@ -168,6 +169,11 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
 def _unqueued(blocks: gr.Blocks) -> frozenset[int]:
     """The fn_index of each of ``blocks``' events that runs outside the queue (``queue=False``)."""
     return frozenset(fn_id for fn_id, fn in blocks.fns.items() if not fn.queue)
+
+
+def _inputs(blocks: gr.Blocks) -> dict[int, int]:
+    """How many inputs each of ``blocks``' events takes, by fn_index."""
+    return {fn_id: len(fn.inputs) for fn_id, fn in blocks.fns.items()}
 
 
 def _console_folder() -> Path:

@@ -9,7 +9,8 @@ After: an allow-list of the routes the chat and the console use (the page: queue
 heartbeat, cancel, reset, and app_id, which a page asks after a lost connection until the server is back;
 gradio_client: info too; the console: upload, upload_progress, file=);
 every other path under /gradio_api/ answers 404 with a short JSON body, logs no traceback, and is
-logged as one line a second at most.
+logged as one line a second at most. An event sent fewer values than its inputs (Gradio: 500 and a traceback)
+is refused with 400 and a sentence.
 """
 
 from __future__ import annotations
@@ -98,3 +99,26 @@ def test_app_id_tells_a_page_the_server_is_back_and_nothing_else(edge, prefix):
     r = httpx.get(f"{edge.url}{prefix}gradio_api/app_id", cookies=cookies, timeout=10)
     assert r.status_code == 200
     assert list(r.json()) == ["app_id"]
+
+
+def test_an_event_sent_fewer_values_than_its_inputs_is_refused_in_words_and_logs_no_traceback(edge):
+    cfg = httpx.get(edge.url + "config", timeout=30).json()
+    load = next(d for d in cfg["dependencies"] if d["backend_fn"] and d["targets"][0][1] == "load")
+    send = next(d for d in cfg["dependencies"] if d.get("api_name") == "send")
+    lines_before = len(edge.log_lines())
+    with httpx.Client(timeout=30) as browser:
+        for route, dep in (("run/predict", load), ("queue/join", send)):
+            for data in ([], [""] * (len(dep["inputs"]) - 1), "not a list", None):
+                r = browser.post(f"{edge.url}gradio_api/{route}", json={
+                    "data": data, "fn_index": dep["id"], "session_hash": "fewer0001", "event_data": None,
+                    "trigger_id": dep["targets"][0][0]})
+                assert (route, data, r.status_code, r.json()) == (route, data, 400, {
+                    "detail": f"This event takes {len(dep['inputs'])} values in its data list; send every one of them."})
+        # Every value sent: the page load answers as before.
+        r = browser.post(edge.url + "gradio_api/run/predict", json={
+            "data": [""] + [None] * (len(load["inputs"]) - 1), "fn_index": load["id"], "session_hash": "fewer0001",
+            "event_data": None, "trigger_id": None})
+        assert r.status_code == 200 and len(r.json()["data"]) == len(load["outputs"])
+    time.sleep(0.5)
+    new = edge.log_lines()[lines_before:]
+    assert [line for line in new if "Traceback" in line or "Error" in line] == []
