@@ -197,13 +197,19 @@ def test_retry_and_edit_wait_for_an_answer_still_being_written_and_a_replaced_an
         turn.user_message_id, retried.answer_id]
 
 
+def cut_off(db, template, session_key: str, question: str, answer: str):
+    """A new conversation whose one answer was cut off at its length: its turn."""
+    turn = db.run(db_conversations.begin_turn, session_key=session_key, conversation_id=None, template_id=template.id,
+                  template_version_id=template.version_id, text=question)
+    db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+           result=AnswerResult(text=answer, status="ok", finish_reason="length"))
+    return turn
+
+
 def test_a_reopened_answer_being_continued_holds_retry_and_edit_however_old_it_is(store):
     db, catalog = store
     template = catalog.get("support-en")
-    turn = db.run(db_conversations.begin_turn, session_key="old", conversation_id=None, template_id=template.id,
-                  template_version_id=template.version_id, text="Tell me everything")
-    db.run(db_conversations.finish_answer, message_id=turn.answer_id,
-           result=AnswerResult(text="Returns are", status="ok", finish_reason="length"))
+    turn = cut_off(db, template, "old", "Tell me everything", "Returns are")
     long_ago = utcnow() - db_conversations.STALE_GENERATING - timedelta(minutes=1)
     db.run(lambda s: s.execute(text("update messages set created_at = :t, finished_at = :t where id = :i"),
                                {"t": long_ago, "i": turn.answer_id}))
@@ -217,10 +223,7 @@ def test_a_reopened_answer_being_continued_holds_retry_and_edit_however_old_it_i
 def test_a_deleted_conversation_is_neither_retried_nor_edited_nor_continued(store):
     db, catalog = store
     template = catalog.get("support-en")
-    turn = db.run(db_conversations.begin_turn, session_key="gone", conversation_id=None, template_id=template.id,
-                  template_version_id=template.version_id, text="Where is my parcel?")
-    db.run(db_conversations.finish_answer, message_id=turn.answer_id,
-           result=AnswerResult(text="It is", status="ok", finish_reason="length"))
+    turn = cut_off(db, template, "gone", "Where is my parcel?", "It is")
     db.run(db_conversations.delete, session_key="gone", conversation_id=turn.conversation_id)
     for begin, extra in ((db_conversations.begin_retry, {"template_version_id": template.version_id}),
                          (db_conversations.begin_edit, {"text": "My parcel?", "template_version_id": template.version_id}),
