@@ -493,7 +493,6 @@ class Desk:
             raise
 
 
-
 @contextlib.contextmanager
 def _refusals(*, nothing: str, not_saved: str):
     """What Retry, an edit and Continue tell the customer when the store refuses them: another's (or a deleted)

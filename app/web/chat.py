@@ -83,8 +83,8 @@ JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 def page_js(language: str) -> str:
     """The page's script with the texts it shows itself, in the UI language."""
     t = TEXT[language]
-    return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in ("offline", "offline_title", "cut_off", "notice", "waiting_person",
-                                                                  "with_person", "released")}))
+    shown = ("offline", "offline_title", "cut_off", "notice", "waiting_person", "with_person", "released")
+    return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in shown}))
 
 
 def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: str, keys: SessionKeys,

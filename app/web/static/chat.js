@@ -122,10 +122,11 @@
     row.classList.toggle('pd-cut', !streaming && !!title && title.innerText.includes(TEXT.cut_off));
     // "Talk to a person" only while no person has the conversation: the chat's last word on it decides.
     let person = false;
-    for (const bot of document.querySelectorAll('#chatbot [data-testid=bot]')) {
-      const said = bot.textContent;
-      if (said.includes(TEXT.waiting_person) || said.includes(TEXT.with_person)) person = true;
-      else if (said.includes(TEXT.released)) person = false;
+    const botMessages = [...document.querySelectorAll('#chatbot [data-testid=bot]')];
+    for (let i = botMessages.length - 1; i >= 0; i--) {  // from the end: the last notice on it is all that counts
+      const said = botMessages[i].textContent;
+      if (said.includes(TEXT.waiting_person) || said.includes(TEXT.with_person)) { person = true; break; }
+      if (said.includes(TEXT.released)) break;
     }
     document.querySelector('#pd-actions')?.classList.toggle('pd-with-person', person);
   };
