@@ -398,8 +398,9 @@ class Desk:
                     async for event in stream:
                         if isinstance(event, Delta):
                             text += event.text
-                            # Each update re-sends the answer so far; one per frame is what the eye sees.
-                            if (now := time.monotonic()) - shown_at >= PROGRESS_INTERVAL_S:
+                            # Each update re-sends the answer so far; one per frame is what the eye sees. The
+                            # last text goes out with the stored answer, which follows at once.
+                            if not event.last and (now := time.monotonic()) - shown_at >= PROGRESS_INTERVAL_S:
                                 shown_at = now
                                 yield Progress(text, turn.conversation_id)
                         elif isinstance(event, RequestStats):

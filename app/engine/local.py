@@ -218,9 +218,9 @@ class LocalEngine:
                     last = now
                 if completion.finish_reason:
                     finish_reason = completion.finish_reason
-                if completion.text:
-                    yield Delta(completion.text)
                 finished = out.finished
+                if completion.text:
+                    yield Delta(completion.text, last=finished)
             first = first or time.perf_counter()
             last = last or first
             decode_s = last - first
@@ -231,6 +231,7 @@ class LocalEngine:
                 ttft_ms=(first - started) * 1000,
                 decode_tokens_per_s=(output_tokens - 1) / decode_s if output_tokens > 1 and decode_s > 0 else 0.0,
                 finish_reason=finish_reason,
+                last_token_s=last,
             )
         except (asyncio.CancelledError, GeneratorExit):
             if not finished:

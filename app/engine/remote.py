@@ -50,6 +50,75 @@ class _Call:
     replica: str = ""  # known once the response names it
 
 
+class _Answer:
+    """One answer's server-sent events, read as they arrive by a task of its own.
+
+    vLLM's server sends a chunk per token; a reader that takes one chunk per screen update would show ten
+    tokens a second however fast the replica is. So the chunks are read here as they come, and ``pieces``
+    hands a reader that fell behind all the text that arrived since its last read in one piece (what vLLM's
+    own output collector does for the in-process engine). The timing is measured as the chunks arrive.
+    """
+
+    def __init__(self, lines: AsyncIterator[str]):
+        self.first: float | None = None  # perf_counter() of the first and the last token's chunk
+        self.last: float | None = None
+        self.chunks = 0
+        self.usage: dict = {}
+        self.finish_reason = "abort"
+        self.finished = False  # a chunk gave the finish reason: the text so far is the whole answer
+        self.done = False  # the server said [DONE]
+        self._lines = lines
+        self._text: list[str] = []
+        self._arrived = asyncio.Event()
+        self._task = asyncio.ensure_future(self._read())
+
+    async def pieces(self) -> AsyncIterator[tuple[str, bool]]:
+        """(text, last) for the text that arrived since the previous piece; ``last``: the answer's final text.
+        Raises what reading raised (a transport error, EngineError for an error the server sent)."""
+        while True:
+            await self._arrived.wait()
+            self._arrived.clear()
+            if self._text:
+                text, self._text = "".join(self._text), []
+                yield text, self.finished
+            if self._task.done():
+                self._task.result()
+                return
+
+    async def close(self) -> None:
+        """Stop reading (an answer closed early: the response's own close aborts it in vLLM)."""
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.wait({self._task})
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved here; pieces() raised it to the reader that was there
+        await self._lines.aclose()
+
+    async def _read(self) -> None:
+        try:
+            async for line in self._lines:
+                if not line.startswith("data: "):
+                    continue
+                if line == "data: [DONE]":
+                    self.done = True
+                    return
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    log.error("the model server failed mid-answer: %s", printable(chunk["error"]))
+                    raise EngineError("the model failed while answering; please try again")
+                self.usage = chunk.get("usage") or self.usage
+                for choice in chunk.get("choices", ()):
+                    now = time.perf_counter()
+                    self.first, self.last, self.chunks = self.first or now, now, self.chunks + 1
+                    if choice.get("finish_reason"):
+                        self.finish_reason, self.finished = choice["finish_reason"], True
+                    if choice.get("text"):
+                        self._text.append(choice["text"])
+                self._arrived.set()
+        finally:
+            self._arrived.set()
+
+
 class RemoteEngine:
     """The Engine protocol over HTTP; see the module docstring."""
 
@@ -151,52 +220,40 @@ class RemoteEngine:
         call_id, call = next(self._ids), _Call(token_ids=body["prompt"], cache_salt=cache_salt)
         self._active[call_id] = call
         started = time.perf_counter()
-        first = last = None
-        chunks = 0
-        usage: dict = {}
-        finish_reason, done, replica = "abort", False, ""
+        answer: _Answer | None = None
+        replica = ""
         try:
             async with self._open(body, headers) as response:
                 call.response = response
                 replica = call.replica = self._replicas.url_for(response.headers.get(REPLICA_HEADER, ""))
-                lines = response.aiter_lines()
-                async for line in lines:
-                    if not line.startswith("data: "):
-                        continue
-                    if line == "data: [DONE]":
-                        done = True
-                        await lines.aclose()  # or the loop's finalizer closes it later, maybe after the loop
-                        break
-                    chunk = json.loads(line[6:])
-                    if "error" in chunk:
-                        log.error("the model server failed mid-answer: %s", printable(chunk["error"]))
-                        raise EngineError("the model failed while answering; please try again")
-                    usage = chunk.get("usage") or usage
-                    for choice in chunk.get("choices", ()):
-                        now = time.perf_counter()
-                        first, last, chunks = first or now, now, chunks + 1
-                        finish_reason = choice.get("finish_reason") or finish_reason
-                        if choice.get("text"):
-                            yield Delta(choice["text"])
+                answer = _Answer(response.aiter_lines())
+                try:
+                    async for text, last in answer.pieces():
+                        yield Delta(text, last=last)
+                finally:
+                    await answer.close()
         except (httpx.TransportError, httpx.StreamError) as exc:
             if not call.aborted:
                 log.warning("the remote engine stream broke (%s: %s)", type(exc).__name__, printable(exc))
                 raise EngineError(_broken_reason(exc, replica)) from exc
         finally:
             self._active.pop(call_id, None)
-        if not done and not call.aborted:
+        if (answer is None or not answer.done) and not call.aborted:
             raise EngineError(_broken_reason(None, replica))
-        output_tokens = int(usage.get("completion_tokens") or chunks)
-        first = first or time.perf_counter()
-        decode_s = (last or first) - first
+        usage = answer.usage if answer is not None else {}
+        output_tokens = int(usage.get("completion_tokens") or (answer.chunks if answer else 0))
+        first = (answer.first if answer else None) or time.perf_counter()
+        last = (answer.last if answer else None) or first
+        decode_s = last - first
         yield RequestStats(
             prompt_tokens=int(usage.get("prompt_tokens") or len(body["prompt"])),
             num_cached_tokens=int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
             output_tokens=output_tokens,
             ttft_ms=(first - started) * 1000,
             decode_tokens_per_s=(output_tokens - 1) / decode_s if output_tokens > 1 and decode_s > 0 else 0.0,
-            finish_reason="abort" if call.aborted else finish_reason,
+            finish_reason="abort" if call.aborted else (answer.finish_reason if answer else "abort"),
             replica=replica,
+            last_token_s=(answer.last or 0.0) if answer else 0.0,
         )
 
     @contextlib.asynccontextmanager

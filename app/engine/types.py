@@ -53,9 +53,12 @@ class EngineInfo:
 
 @dataclass(frozen=True)
 class Delta:
-    """New answer text from one engine step."""
+    """New answer text: from one engine step, or from every step since a slow reader last read (both engines
+    merge for a reader that falls behind, as vLLM's own output collector does). ``last``: the answer's
+    final text (its ``RequestStats`` follow at once)."""
 
     text: str
+    last: bool = False
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,7 @@ class RequestStats:
     decode_tokens_per_s: float
     finish_reason: str  # "stop", "length" or "abort"
     replica: str = ""  # the replica that served it (remote engine), "" in-process
+    last_token_s: float = 0.0  # time.perf_counter() in this process when the last token arrived (0: none came)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ to start it again, so each test runs alone as well as after any other.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -299,6 +300,90 @@ def test_abort_all_ends_every_stream_as_aborted(cluster, remote_engine, aio, who
     assert events[-1].finish_reason == "abort"
     assert events[-1].output_tokens < 1900
     assert eventually(lambda: [scrape(u).running for u in cluster.replica_urls], [0, 0]) == [0, 0]
+
+
+class _Recording:
+    """The remote engine, keeping the RequestStats of each answer it streams (the last token's arrival)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.stats: list[RequestStats] = []
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
+
+    async def stream(self, *args, **kwargs):
+        async for event in self._engine.stream(*args, **kwargs):
+            if isinstance(event, RequestStats):
+                self.stats.append(event)
+            yield event
+
+
+def test_a_slow_reader_of_a_remote_answer_gets_all_the_text_since_its_last_read(remote_engine, aio, prompts, chains,
+                                                                               whole):
+    """vLLM's server sends a chunk per token: a reader that takes a piece per 0.1 s gets the whole answer in
+    pieces, each all that arrived since the last, and the last piece says it is the last."""
+    prompt = prompts.build(system_text(chains["support-en"]), [], f"Where is my parcel? {uuid.uuid4().hex}").token_ids
+
+    async def read_slowly():
+        pieces, stats = [], None
+        async for event in remote_engine.stream(prompt, max_tokens=128, ignore_eos=True, routing_key="paced"):
+            if isinstance(event, Delta):
+                pieces.append((time.perf_counter(), event))
+                await asyncio.sleep(0.1)  # a page's pace
+            else:
+                stats = event
+        return pieces, stats
+
+    pieces, stats = aio(read_slowly())
+    assert (stats.output_tokens, stats.finish_reason) == (128, "length")
+    assert "".join(d.text for _, d in pieces) and not any(d.last for _, d in pieces[:-1])
+    # A read that began after the last token arrived found the whole rest of the answer: one piece at most.
+    assert sum(at >= stats.last_token_s for at, _ in pieces) <= 1
+    # Bounded by the answer's time, not its tokens (a piece per chunk took 12.8 s for these 128).
+    assert len(pieces) <= (pieces[-1][0] - pieces[0][0]) / 0.1 + 2 and len(pieces) < stats.output_tokens
+
+
+def test_the_chat_page_shows_a_remote_answer_in_paced_pieces_and_its_end_at_once(remote_settings, remote_engine,
+                                                                                 engine_loop, aio, tmp_path, whole):
+    """The page's stream over the remote engine: a 128-token answer in updates bounded by its duration (one per
+    pacing interval), and after the engine's last token exactly one update, the stored answer."""
+    from app.web.chat import _Ahead, _stream
+    from app.web.chat_text import TEXT
+    from app.web.server import build_services
+
+    engine = _Recording(remote_engine)
+    settings = remote_settings.replace(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'pd.db'}",
+                                       max_tokens=128, ignore_eos=True)
+    services = build_services(settings, engine=engine)
+    pace_s = 0.1
+
+    async def page():
+        events = _Ahead(services.desk.answer(session_key="paced-page", client="127.0.0.1", template_name="support-en",
+                                             message=f"Where is my parcel? {uuid.uuid4().hex}", history=[],
+                                             conversation_id=None))
+        updates = []
+        try:
+            async for update in _stream(events, [], None, "paced-page", TEXT["en"], "en", lambda: pace_s):
+                updates.append((time.perf_counter(), update))
+        finally:
+            await events.aclose()
+        return updates
+
+    try:
+        updates = aio(page())
+    finally:
+        services.db.close()
+    (stats,) = engine.stats
+    assert (stats.output_tokens, stats.finish_reason) == (128, "length")
+    stored = [u for _, u in updates if isinstance(u[1], list)]
+    assert len(stored) == 1 and updates[-1][1] is stored[0]  # the stored conversation comes last, once
+    # After the engine's last token: the text it completed, if the page was waiting for it, and the stored answer
+    # one pacing interval later (a token per update left 12.8 s of updates after it).
+    after = [u for at, u in updates if at >= stats.last_token_s]
+    assert 1 <= len(after) <= 2 and after[-1] is stored[0]
+    duration_s = updates[-1][0] - updates[0][0]
+    assert len(updates) <= duration_s / pace_s + 2  # paced by time, never one update per token
 
 
 def test_the_launcher_refuses_a_taken_port_and_too_many_gpus(cluster):
