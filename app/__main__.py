@@ -28,10 +28,12 @@ def main(argv: list[str]) -> int:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
 
-    if settings.web_processes > 1 and "--worker" not in argv:
-        from app.web.workers import supervise
+    if settings.web_processes != 1 and "--worker" not in argv:
+        from app.cluster.spec import count_gpus
+        from app.cluster.tier import processes_for, supervise
 
-        return supervise(settings, worker_args=[a for a in argv if a == "--api-only"])
+        if processes_for(settings, gpu_count=count_gpus(), cpus=os.cpu_count() or 1) > 1:
+            return supervise(settings, worker_args=tuple(a for a in argv if a == "--api-only"))
 
     from app.engine import EngineStartError
     from app.engine.models.aliases import ModelNotPrepared
@@ -48,7 +50,7 @@ def main(argv: list[str]) -> int:
     info = services.engine.info
     print(f"prefixdesk: serving on http://{settings.host}:{settings.port} — {info.model}"
           + (f" ({info.precision})" if info.precision else ""), flush=True)
-    serve(services, app, reuse_port="--worker" in argv)
+    serve(services, app)
     return 0
 
 

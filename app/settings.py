@@ -146,9 +146,13 @@ class Settings:
     # Server
     host: str = _setting("127.0.0.1", "Address the web server listens on.")
     port: int = _setting(7860, "Port of the web server (chat at /, admin console at /admin).", check=between(1, 65535))
-    web_processes: int = _setting(1, "Web server processes sharing the port. More than 1 needs PREFIXDESK_ENGINE=remote "
-                                  "(each process would otherwise start an engine of its own) and, for more than a few, "
-                                  "PostgreSQL.", check=between(1, 64))
+    web_processes: int = _setting(0, "Web processes behind one port (Caddy in front, each browser kept with one process "
+                                  "by a cookie; with PREFIXDESK_ENGINE=local they share one vllm serve that the app "
+                                  "starts on loopback). 0 picks: half the cores (2 to 8) on a GPU machine, 1 elsewhere "
+                                  "(the in-process engine). Above 8 on SQLite, use PostgreSQL.", check=between(0, 64))
+    tier_port: int = _setting(0, "First of the loopback ports the web processes (PREFIXDESK_WEB_PROCESSES above 1), "
+                              "then the shared engine and its KV events take, in a row; 0: the ports after "
+                              "PREFIXDESK_PORT.", check=between(0, 65535))
     data_dir: Path = _setting(Path("var"), "Folder for the SQLite database, the demo model and other state.")
     database_url: str = _setting("", "SQLAlchemy URL of the database; empty means sqlite:///<data_dir>/prefixdesk.db.")
     templates_dir: Path = _setting(Path("templates"), "Folder of template files that seed an empty database.")
@@ -342,8 +346,6 @@ def _looks_like_hub_id(model: str) -> bool:
 
 # (the setting the message names, its problem or None), checked after every field's own check
 RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
-    ("web_processes", lambda s: "above 1 needs PREFIXDESK_ENGINE=remote: each process would start an engine of its "
-                                "own" if s.web_processes > 1 and s.engine != "remote" else None),
     ("max_tokens", lambda s: f"must be between 1 and max_model_len - 1 ({s.max_model_len - 1})"
                              if s.max_tokens >= s.max_model_len else None),
     ("tenant_header", lambda s: "needs PREFIXDESK_TRUSTED_PROXIES: only a proxy may name the tenant"

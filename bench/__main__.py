@@ -59,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     g = p.add_argument_group("paths")
     g.add_argument("--paths", default="app", help=f"comma list of {', '.join(PATHS)}")
     g.add_argument("--client-procs", type=int, default=4, help="client processes for the HTTP paths")
+    g.add_argument("--app-web-processes", type=int, default=0,
+                   help="--app-engine local: the app's PREFIXDESK_WEB_PROCESSES (0: its own choice, as make run makes "
+                        "it: several behind the proxy over one shared engine on a GPU machine, 1 on a CPU)")
     g.add_argument("--web-processes", type=int, default=1,
                    help="web processes of the app for remote (and http: more than 1 makes it remote)")
     g.add_argument("--app-entry", choices=("auto", "full", "api"), default="auto",

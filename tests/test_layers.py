@@ -15,7 +15,7 @@ MAY_IMPORT = {
     "app.engine": set(),
     "app.db": set(),
     "app.cluster": {"app.core", "app.engine", "app.db"},  # the launcher: a leaf beside the product
-    "app.__main__": {"app.web", "app.engine"},
+    "app.__main__": {"app.web", "app.engine", "app.cluster"},
 }
 # Imported by every layer, importing nothing of the app.
 LEAVES = {"app", "app.settings", "app.template_files", "app.log_text"}

@@ -28,8 +28,7 @@ def test_values_are_parsed_by_their_type():
                                                    "address or network (e.g. 127.0.0.1 or 10.0.0.0/8). Comma-separated"),
     ({"PREFIXDESK_RATE_LIMIT_PER_MINUTE": "-1"}, "PREFIXDESK_RATE_LIMIT_PER_MINUTE must be at least 0, not -1."),
     ({"PREFIXDESK_MAX_TOKENS": "4096"}, "PREFIXDESK_MAX_TOKENS must be between 1 and max_model_len - 1 (4095). Most"),
-    ({"PREFIXDESK_WEB_PROCESSES": "2"}, "PREFIXDESK_WEB_PROCESSES above 1 needs PREFIXDESK_ENGINE=remote: each "
-                                        "process would start an engine of its own."),
+    ({"PREFIXDESK_WEB_PROCESSES": "65"}, "PREFIXDESK_WEB_PROCESSES must be between 0 and 64, not 65. Web processes"),
     ({"PREFIXDESK_TENANT_HEADER": "X-Tenant"}, "PREFIXDESK_TENANT_HEADER needs PREFIXDESK_TRUSTED_PROXIES: only a "
                                                "proxy may name the tenant."),
     ({"PREFIXDESK_REPLICA_KV_EVENTS": "http://a:8001"}, "PREFIXDESK_REPLICA_KV_EVENTS is invalid: 'http://a:8001' is "

@@ -236,7 +236,7 @@ def create_api_app(services: Services) -> FastAPI:
     return app
 
 
-def serve(services: Services, app: FastAPI, *, reuse_port: bool = False) -> None:
+def serve(services: Services, app: FastAPI) -> None:
     """Run the web server until SIGINT/SIGTERM, then stop in-flight answers and close cleanly.
 
     On a signal every answer in progress is aborted in the engine first, so each is stored as
@@ -268,24 +268,12 @@ def serve(services: Services, app: FastAPI, *, reuse_port: bool = False) -> None
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, lambda: asyncio.ensure_future(stop()))
         loop.set_exception_handler(_quiet_accept_errors())
-        await server.serve(sockets=[_shared_socket(services.settings)] if reuse_port else None)
+        await server.serve()
 
     try:
         asyncio.run(main())
     finally:
         services.close()
-
-
-def _shared_socket(settings: Settings):
-    """A listening socket that other web processes bind too: the kernel spreads connections over them."""
-    import socket
-
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((settings.host, settings.port))
-    sock.listen(2048)
-    return sock
 
 
 def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
@@ -325,6 +313,12 @@ def _quiet_accept_errors():
 
 
 def _add_healthz(app: FastAPI, services: Services) -> None:
+    @app.get("/livez")
+    async def livez():
+        """This process serves (whatever the engine's state: the page then tells its customers itself). The web
+        tier's proxy checks it (app/cluster/tier.py); /healthz says whether answers can be had."""
+        return JSONResponse({"ok": True, "process": os.getpid()})
+
     @app.get("/healthz")
     async def healthz():
         health = await services.engine.health()
@@ -334,7 +328,8 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
                 "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
                 "num_blocks": info.num_blocks, "precision": info.precision, "restarts": services.engine.restarts,
-                "restarting": services.engine.restarting}
+                "restarting": services.engine.restarting,
+                "process": os.getpid()}  # which web process answered (PREFIXDESK_WEB_PROCESSES above 1)
         if replicas := services.engine.replicas():
             body["replicas"] = [{"url": r.url, "up": r.up, "reason": r.reason} for r in replicas]
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
