@@ -12,6 +12,8 @@ its answers in progress as stopped, as a single server does) and exits 0 when th
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,6 +39,7 @@ def supervise(settings: Settings, *, worker_args: list[str] | None = None) -> in
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    _share_metrics(settings)
     for _ in range(settings.web_processes):
         workers.append(subprocess.Popen([sys.executable, "-m", "app", "--worker", *(worker_args or [])]))
         time.sleep(START_INTERVAL_S)
@@ -48,3 +51,14 @@ def supervise(settings: Settings, *, worker_args: list[str] | None = None) -> in
         stop(signal.SIGTERM, None)
     codes = [w.wait() for w in workers]
     return 0 if stopping and all(c == 0 for c in codes) else 1
+
+
+def _share_metrics(settings: Settings) -> None:
+    """Have the workers keep their /metrics counts in files that any of them adds up when scraped: an empty
+    settings.metrics_dir (counts of an earlier run would be added too), named to prometheus_client in the
+    workers' environment, which it reads as they import it."""
+    folder = settings.metrics_dir
+    assert folder is not None, "one web process keeps its counts in memory"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(folder.resolve())
