@@ -4,16 +4,24 @@ what the database holds, scraped and parsed as Prometheus does."""
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime
+from pathlib import Path
 
+import httpx
 import pytest
 import sqlite_utils
+from prometheus_client.parser import text_string_to_metric_families
+from vllm.v1.metrics import loggers as vllm_loggers
+
+from bench.promql import parse, selectors
 
 from app.core.desk import DeskInputError, Finished, Progress
 from app.db import templates as db_templates
 from app.db.models import utcnow
 from tests.helpers.metrics import METRICS_TOKEN, by, scrape
-from tests.helpers.servers import STEP_DELAY_MS, SecondServer, collect
+from tests.helpers.servers import ROOT, STEP_DELAY_MS, SecondServer, collect
 
 KEY = "metrics-session-1"
 CLIENT = "192.0.2.61"
@@ -163,3 +171,57 @@ def test_with_the_local_engine_vllms_own_figures_come_along_under_vllms_names(tr
     assert {"vllm:kv_cache_usage_perc", "vllm:num_requests_running", "vllm:num_requests_waiting",
             "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"} <= set(samples)
     assert {name.split(":")[0] for name in samples} == {"prefixdesk", "vllm"}
+
+
+DASHBOARD = ROOT / "docs" / "grafana" / "prefixdesk.json"
+METRICS_DOC = ROOT / "docs" / "metrics.md"
+OURS_ON_THE_DASHBOARD = {
+    "prefixdesk:answers_total", "prefixdesk:refused_total", "prefixdesk:prompt_tokens_total",
+    "prefixdesk:prompt_tokens_cached_total", "prefixdesk:time_to_first_token_seconds_bucket",
+    "prefixdesk:first_visible_seconds_bucket", "prefixdesk:answers_in_flight", "prefixdesk:person_queue_waiting",
+    "prefixdesk:person_answering", "prefixdesk:person_queue_oldest_wait_seconds", "prefixdesk:ratings",
+    "prefixdesk:split_conversations"}
+VLLMS_ON_THE_DASHBOARD = {"vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total", "vllm:kv_cache_usage_perc",
+                          "vllm:num_requests_running", "vllm:num_requests_waiting",
+                          "vllm:time_to_first_token_seconds_bucket"}
+
+
+def _dashboard_names() -> set[str]:
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    return set().union(*(selectors(parse(t["expr"])) for p in dashboard["panels"] for t in p.get("targets", [])))
+
+
+def test_the_dashboard_reads_what_metrics_serves_and_what_vllm_defines(traffic):
+    url, _, _ = traffic
+    served = set(scrape(url))
+    names = _dashboard_names()
+    ours = {n for n in names if n.startswith("prefixdesk:")}
+    assert ours == OURS_ON_THE_DASHBOARD
+    assert ours & served == ours
+    theirs = names - ours
+    assert theirs == VLLMS_ON_THE_DASHBOARD
+    assert theirs & served == theirs  # the local engine's, passed on
+    defined = set(re.findall(r'name="(vllm:[a-z_]+)"', Path(vllm_loggers.__file__).read_text(encoding="utf-8")))
+    assert {n.removesuffix("_total").removesuffix("_bucket") for n in theirs} - defined == set()
+
+
+def test_the_dashboard_imports_as_is_on_any_prometheus_data_source():
+    dashboard = json.loads(DASHBOARD.read_text(encoding="utf-8"))
+    [variable] = dashboard["templating"]["list"]
+    assert (variable["type"], variable["name"], variable["query"]) == ("datasource", "datasource", "prometheus")
+    panels = dashboard["panels"]
+    assert len({p["id"] for p in panels}) == len(panels)
+    for p in panels:
+        if p["type"] != "row":
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+            assert {t["datasource"]["uid"] for t in p["targets"]} == {"${datasource}"}
+
+
+def test_docs_list_every_metric_served_with_its_type(traffic):
+    url, _, _ = traffic
+    r = httpx.get(url + "metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=60)
+    served = {(f.name + "_total" if f.type == "counter" else f.name, f.type)
+              for f in text_string_to_metric_families(r.text) if f.name.startswith("prefixdesk:")}
+    documented = set(re.findall(r"^\| `(prefixdesk:[a-z_]+)` \| (\w+) \|", METRICS_DOC.read_text(encoding="utf-8"),
+                                flags=re.M))
+    assert documented == served
