@@ -1,6 +1,7 @@
 """Draw docs/grafana/prefixdesk.json's panels from real scrapes of a running app: no Grafana can run here.
 
     python -m bench.dashboard [--seconds 90] [--out docs/images/grafana-panels.png]
+    python -m bench.dashboard --redraw docs/images/grafana-panels.json   # the picture again from kept scrapes
 
 Starts the app on the built-in random-weight demo model (the local engine, whose vLLM figures /metrics passes
 on), sends known traffic through its desk — answers on two templates, one of them in a live A/B split, a
@@ -28,7 +29,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.promql import evaluate, legend, parse
+from bench.promql import evaluate, legend, parse, selectors
 
 ROOT = Path(__file__).resolve().parent.parent
 DASHBOARD = ROOT / "docs" / "grafana" / "prefixdesk.json"
@@ -42,7 +43,15 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--every", type=float, default=2.0, help="seconds between scrapes")
     ap.add_argument("--window", default="20s", help="what $__rate_interval stands for")
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "images" / "grafana-panels.png")
+    ap.add_argument("--redraw", type=Path, help="draw from scrapes this script wrote before; start nothing")
     args = ap.parse_args(argv)
+    if args.redraw:
+        kept = json.loads(args.redraw.read_text(encoding="utf-8"))
+        history = [(k["t"], {name: {tuple(sorted(labels.items())): v for labels, v in series}
+                             for name, series in k["samples"].items()}) for k in kept]
+        _draw(history, args.window, args.out)
+        print(f"{args.out} from {len(history)} scrapes")
+        return 0
 
     from app.db import templates as db_templates
     from app.settings import load_settings
@@ -89,9 +98,11 @@ def main(argv: list[str]) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     _draw(history, args.window, args.out)
     raw = args.out.with_suffix(".json")
+    kept = _dashboard_names() | {n for _, s in history for n in s
+                                 if n.startswith("prefixdesk:") and not n.endswith("_created")}
     raw.write_text(json.dumps([{"t": round(t, 2), "samples": {name: [[dict(k), v] for k, v in by.items()]
-                                                              for name, by in s.items()}} for t, s in history],
-                              ensure_ascii=False))
+                                                              for name, by in s.items() if name in kept}}
+                               for t, s in history], ensure_ascii=False))
     print(json.dumps({"sent": sent, "scrapes": len(history), "seconds": round(history[-1][0], 1),
                       "picture": str(args.out), "scrapes_json": str(raw)}, ensure_ascii=False, indent=1))
     last = history[-1][1]
@@ -162,6 +173,12 @@ async def _traffic(desk, seconds: float) -> dict[str, int]:
     return sent
 
 
+def _dashboard_names() -> set[str]:
+    """The sample names the dashboard's queries read."""
+    panels = json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"]
+    return set().union(*(selectors(parse(t["expr"])) for p in panels for t in p.get("targets", [])))
+
+
 def _scrape(url: str) -> dict:
     r = httpx.get(url + "metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60)
     r.raise_for_status()
@@ -179,7 +196,7 @@ def _draw(history: list[tuple[float, dict]], window: str, out: Path) -> None:
     import matplotlib.pyplot as plt
     from matplotlib import font_manager
 
-    cjk = [f.name for f in font_manager.fontManager.ttflist if "CJK" in f.name or "Noto Sans SC" in f.name]
+    cjk = [f.name for f in font_manager.fontManager.ttflist if "CJK" in f.name or "WenQuanYi" in f.name]
     if cjk:
         plt.rcParams["font.family"] = [cjk[0], "DejaVu Sans"]
     panels = [p for p in json.loads(DASHBOARD.read_text(encoding="utf-8"))["panels"] if p["type"] != "row"]
