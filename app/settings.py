@@ -25,6 +25,7 @@ BUILT_IN_MODELS = ("qwen2.5-0.5b-demo",)
 WEAK_PASSWORDS = frozenset({"admin", "password", "changeme", "secret", "prefixdesk", "12345678", "123456789",
                             "password1", "qwertyui", "letmein1"})
 MIN_PASSWORD_CHARS = 8
+MIN_METRICS_TOKEN_CHARS = 16  # a scraper's token is typed once into its config: long enough that guessing is hopeless
 QUANTIZATIONS = ("fp8", "awq", "gptq")  # PREFIXDESK_QUANTIZATION's values besides empty (app/engine/precision.py)
 
 Check = Callable[[Any], "str | None"]  # a value's problem ("must be ..."), or None when it is fine
@@ -91,6 +92,14 @@ def _zmq_endpoint(v: str) -> str | None:
 def _http_urls(v: str) -> str | None:
     bad = [u for u in (x.strip() for x in v.split(",")) if u and not u.startswith(("http://", "https://"))]
     return f"must be http(s) URLs, not {bad[0]!r}" if bad else None
+
+
+def _metrics_token(v: str) -> str | None:
+    if not v:
+        return None
+    if len(v) < MIN_METRICS_TOKEN_CHARS or not v.isascii() or not v.isprintable() or " " in v:
+        return f"must be empty or at least {MIN_METRICS_TOKEN_CHARS} printable ASCII characters without spaces"
+    return None
 
 
 def _not_blank(v: str) -> str | None:
@@ -289,6 +298,10 @@ class Settings:
                                        check=at_least(1, " hour"))
     keep_warm_interval_s: float = _setting(30.0, "Seconds between re-sends of pinned templates' prefixes, which keep "
                                            "them cached; 0 turns keep-warm off.", check=at_least(0))
+    # Metrics
+    metrics_token: str = _setting("", "Bearer token a Prometheus scraper sends for /metrics (the app's own figures: "
+                                  "docs/metrics.md); at least 16 characters. Empty: /metrics is not served (404), "
+                                  "since the chat's port is usually public.", check=_metrics_token, secret=True)
     # Admin console
     admin_user: str = _setting("admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at "
                                "/admin.", check=_not_blank)
@@ -305,6 +318,12 @@ class Settings:
     @property
     def uses_demo_model(self) -> bool:
         return not self.model
+
+    @property
+    def metrics_dir(self) -> Path | None:
+        """Where the web processes keep their metric values for /metrics to add up (prometheus_client's
+        multiprocess mode); None with one process, which keeps them in memory."""
+        return Path(self.data_dir) / "metrics" if self.web_processes > 1 else None
 
     def replace(self, **changes: Any) -> Settings:
         """A copy with ``changes`` applied and validated again."""

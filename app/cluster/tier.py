@@ -95,13 +95,18 @@ def plan_tier(settings: Settings, model: Path | str, *, processes: int, gpu_coun
     # The processes believe the client address Caddy sends (X-Forwarded-For), as they would a proxy of the
     # operator's; Caddy itself believes an incoming one only from the operator's PREFIXDESK_TRUSTED_PROXIES.
     trusted = ",".join(filter(None, [near, settings.trusted_proxies]))
+    metrics = replace(settings, web_processes=processes).metrics_dir
     workers = []
     for i in range(processes):
         port = base + i
-        env = {**worker_env, "PREFIXDESK_WEB_PROCESSES": "1", "PREFIXDESK_HOST": near, "PREFIXDESK_PORT": str(port),
+        # PREFIXDESK_WEB_PROCESSES stays N (settings.metrics_dir): --worker serves, it does not supervise.
+        env = {**worker_env, "PREFIXDESK_WEB_PROCESSES": str(processes), "PREFIXDESK_HOST": near,
+               "PREFIXDESK_PORT": str(port),
                "PREFIXDESK_TRUSTED_PROXIES": trusted, "PREFIXDESK_FORWARDED_FOR_HEADER": "x-forwarded-for",
                # One process warms the templates; the others find them cached.
-               "PREFIXDESK_WARM_ON_START": "true" if settings.warm_on_start and i == 0 else "false"}
+               "PREFIXDESK_WARM_ON_START": "true" if settings.warm_on_start and i == 0 else "false",
+               # Each process's /metrics counts in files any of them adds up when scraped (share_metrics).
+               "PROMETHEUS_MULTIPROC_DIR": str(metrics.resolve())}
         workers.append(ProcessSpec(f"web-{i}", (sys.executable, "-m", "app", "--worker", *worker_args),
                                    tuple(env.items()), f"http://{near}:{port}/healthz", folder / f"web-{i}.log"))
     path = folder / "Caddyfile"
@@ -176,6 +181,7 @@ def supervise(settings: Settings, *, worker_args: tuple[str, ...] = ()) -> int:
     except (ClusterError, ModelNotPrepared) as exc:
         print(f"prefixdesk: cannot start: {exc}", file=sys.stderr)
         return 2
+    share_metrics(replace(settings, web_processes=n).metrics_dir)
     plan.caddyfile_path.parent.mkdir(parents=True, exist_ok=True)
     plan.caddyfile_path.write_text(plan.caddyfile, encoding="utf-8")
     if settings.database_url.startswith("sqlite") and n > SQLITE_PROCESSES:
@@ -205,6 +211,14 @@ def supervise(settings: Settings, *, worker_args: tuple[str, ...] = ()) -> int:
 
 
 SQLITE_PROCESSES = 8  # docs/deploying.md: lock waits per answer measured up to here
+
+
+def share_metrics(folder: Path) -> None:
+    """Empty ``folder``, where the web processes keep their /metrics counts (prometheus_client's multiprocess
+    mode, named to it by PROMETHEUS_MULTIPROC_DIR in each process's environment): counts of an earlier run
+    would be added too."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
 
 
 def _start(tier: Cluster, plan: TierPlan, stop: threading.Event) -> None:

@@ -128,6 +128,11 @@ class TemplateCatalog:
     def prefix_ids(self, name: str) -> tuple[int, ...]:
         return self._entries[name].prefix_ids
 
+    def version_number(self, name: str, version_id: int | None) -> int | None:
+        """The number of ``name``'s version ``version_id`` if the catalog holds that version, else None."""
+        entry = self._by_version(name, version_id) if version_id is not None else None
+        return entry.template.version_number if entry else None
+
     def _by_version(self, name: str, version_id: int) -> CatalogEntry | None:
         for entry in (self._entries.get(name), self._candidates.get(name), self._others.get(version_id)):
             if entry is not None and entry.template.version_id == version_id:

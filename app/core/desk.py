@@ -22,11 +22,12 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from functools import partial
+from functools import partial, wraps
 
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
 from app.core.limits import ClientLimiter, RateLimited
+from app.core.metrics import DeskMetrics
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.refusals import Refused, english
 from app.core.routing import routing_key
@@ -57,6 +58,8 @@ PERSON_NOTICE = "A person is answering this conversation; their reply will appea
 class DeskInputError(Refused, ValueError):
     """The request cannot be answered as sent: ``code`` and ``params`` say why (app/core/refusals.py), for the
     chat to say in the customer's language; the message is the precise English for the APIs."""
+
+    counted = False  # already counted for /metrics (Desk._counting_refusals)
 
     def __init__(self, code: str, **params):
         super().__init__(self._refuse(code, params))
@@ -99,10 +102,22 @@ class Finished:
     handoff: str = ""
 
 
+def _refusals_counted(method):
+    """A Desk method that streams events, counting a refusal (DeskInputError) for /metrics on its way out; the
+    inner stream is closed with the outer, so a Stop reaches it at once."""
+    @wraps(method)
+    async def counted(self, **kwargs):
+        with self._counting_refusals():
+            async with contextlib.aclosing(method(self, **kwargs)) as events:
+                async for event in events:
+                    yield event
+    return counted
+
+
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
                  limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
-                 step_delay_ms: int = 0):
+                 step_delay_ms: int = 0, metrics: DeskMetrics | None = None):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -112,6 +127,7 @@ class Desk:
         self.family_shards = family_shards
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
         self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
+        self.metrics = metrics or DeskMetrics()  # counted here, served at /metrics (app/core/metrics.py)
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -159,6 +175,10 @@ class Desk:
         """Take in a message from ``client``, before anything reads or keeps it: its type, then the client's
         rate (a refused message costs its sender a turn like any other, so a flood of them stops at the
         limit), then its size, all checked before the text is even cleaned. Raises DeskInputError."""
+        with self._counting_refusals():
+            return self._admit(client, message)
+
+    def _admit(self, client: str, message: object) -> Admitted:
         if not isinstance(message, str):
             raise DeskInputError("not_text")
         self._check_rate(client)
@@ -169,6 +189,7 @@ class Desk:
             raise DeskInputError("empty")
         return Admitted(client, text)
 
+    @_refusals_counted
     async def answer(
         self,
         *,
@@ -208,7 +229,7 @@ class Desk:
         arm = partial(split_version, template) if conversation_id is None and template.candidate_version_id else None
         try:
             turn = await self._begin(
-                db_conversations.begin_turn, session_key=session_key, conversation_id=conversation_id,
+                db_conversations.begin_turn, template, session_key=session_key, conversation_id=conversation_id,
                 template_id=template.id, template_version_id=template.version_id, text=message, tenant=tenant,
                 arm=arm)
         except StoreError as exc:
@@ -216,29 +237,31 @@ class Desk:
         if turn.answer_id is None:
             yield _with_person(turn.conversation_id, turn.user_message_id, turn.template_version_id, turn.handoff)
             return
-        template = await self._until_generating(turn, self._on_version(template, turn.template_version_id))
+        template = await self._until_generating(turn, template, self._on_version(template, turn.template_version_id))
         async for event in self._generate(turn, template, history or [], message, client=client, tenant=tenant,
                                           session_key=session_key,
                                           max_tokens=max_tokens, ignore_eos=ignore_eos):
             yield event
 
+    @_refusals_counted
     async def retry(self, *, session_key: str, client: str, conversation_id: int,
                     tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Answer the last question of a stored conversation again; the new answer replaces the old."""
         template = await self._stored_template(client, conversation_id)
         try:
             with _refusals(nothing="nothing_to_retry", not_saved="not_retried"):
-                turn = await self._begin(db_conversations.begin_retry, session_key=session_key,
+                turn = await self._begin(db_conversations.begin_retry, template, session_key=session_key,
                                          conversation_id=conversation_id, template_version_id=template.version_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
             return
-        turns = await self._until_generating(turn, self._stored_turns(conversation_id))
+        turns = await self._until_generating(turn, template, self._stored_turns(conversation_id))
         question = turns.pop() if turns and turns[-1].role == "user" else Turn("user", "")
         async for event in self._generate(turn, template, turns, question.text, client=client, tenant=tenant,
                                           session_key=session_key):
             yield event
 
+    @_refusals_counted
     async def edit_last(self, *, session_key: str, client: str, conversation_id: int, message: Admitted,
                         tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Ask the conversation's last question again as the customer edited it (``message``, from ``admit``):
@@ -247,18 +270,19 @@ class Desk:
         template = await self._stored_template(client, conversation_id, check_rate=False)  # admit counted it
         try:
             with _refusals(nothing="nothing_to_edit", not_saved="not_saved"):
-                turn = await self._begin(db_conversations.begin_edit, session_key=session_key,
+                turn = await self._begin(db_conversations.begin_edit, template, session_key=session_key,
                                          conversation_id=conversation_id, text=message.text,
                                          template_version_id=template.version_id)
         except db_conversations.WithPerson:  # the person answers what was asked: nothing is replaced under them
             raise DeskInputError("edit_with_person") from None
-        turns = await self._until_generating(turn, self._stored_turns(conversation_id))
+        turns = await self._until_generating(turn, template, self._stored_turns(conversation_id))
         if turns and turns[-1].role == "user":
             turns.pop()
         async for event in self._generate(turn, template, turns, message.text, client=client, tenant=tenant,
                                           session_key=session_key):
             yield event
 
+    @_refusals_counted
     async def continue_answer(self, *, session_key: str, client: str, conversation_id: int,
                               tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
@@ -266,14 +290,16 @@ class Desk:
         template = await self._stored_template(client, conversation_id)
         try:
             with _refusals(nothing="nothing_to_continue", not_saved="not_retried"):
-                turn, partial = await self._begin(db_conversations.begin_continue, session_key=session_key,
+                turn, partial = await self._begin(db_conversations.begin_continue, template,
+                                                  session_key=session_key,
                                                   conversation_id=conversation_id)
         except db_conversations.WithPerson as exc:
             yield _with_person(conversation_id, exc.message_id, template.version_id, exc.handoff)
             return
-        template = await self._until_generating(turn, self._on_version(template, turn.template_version_id), partial)
+        template = await self._until_generating(turn, template, self._on_version(template, turn.template_version_id),
+                                                partial)
         # The reopened answer is "generating": not among them.
-        turns = await self._until_generating(turn, self._stored_turns(conversation_id), partial)
+        turns = await self._until_generating(turn, template, self._stored_turns(conversation_id), partial)
         async for event in self._generate(turn, template, turns, "", client=client, tenant=tenant, continued=partial,
                                           session_key=session_key):
             yield event
@@ -315,6 +341,7 @@ class Desk:
         if row is None:
             return None
         header = await self._read(db_conversations.header, conversation_id=conversation_id)
+        self.metrics.shown(template=header.template, ms=row.first_visible_ms)
         return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
 
     async def request_person(self, *, session_key: str, conversation_id: int) -> bool:
@@ -381,7 +408,7 @@ class Desk:
         result: AnswerResult | None = None
         dropped = 0
         try:
-            with self.limiter.stream(client):
+            with self.metrics.answering(), self.limiter.stream(client):
                 prompt = (await self.build_prompt(template, history, message) if not continued else
                           await asyncio.to_thread(self.prompts.build_continuation, system_text(template.chain),
                                                   list(history), continued))
@@ -415,13 +442,13 @@ class Desk:
         except EngineError as exc:
             result = _failed(text, "broke_off", detail=str(exc))
         except (asyncio.CancelledError, GeneratorExit):
-            await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+            await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED), template)
             raise
         except Exception:
             # An unexpected exception is on its way up; the answer row must not stay "generating".
-            await self._finish(turn.answer_id, _failed(text, "internal"))
+            await self._finish(turn.answer_id, _failed(text, "internal"), template)
             raise
-        stored = await self._finish(turn.answer_id, result)
+        stored = await self._finish(turn.answer_id, result, template)
         handoff = ""
         if stored.status == "ok" and asks_for_person(stored.text) and session_key:
             handoff = "waiting" if await self.request_person(session_key=session_key,
@@ -435,7 +462,7 @@ class Desk:
             return template
         return await self.catalog.version(template, version_id)
 
-    async def _begin(self, fn, **kwargs) -> TurnIds:
+    async def _begin(self, fn, template: TemplateInfo, /, **kwargs) -> TurnIds:
         """The turn's rows (``fn`` is begin_turn or begin_retry), written to the end even when a Stop cancels
         the wait for them: the answer row of a question that was stored is then finished as stopped, never
         left "generating"."""
@@ -448,23 +475,25 @@ class Desk:
                 # begin_continue also returns the answer's text so far: a stopped continuation keeps it.
                 turn, text = write.result() if isinstance(write.result(), tuple) else (write.result(), "")
                 if turn.answer_id is not None:
-                    await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+                    await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED),
+                                       template)
             raise
 
-    async def _until_generating(self, turn: TurnIds, step, text: str = ""):
+    async def _until_generating(self, turn: TurnIds, template: TemplateInfo, step, text: str = ""):
         """Await ``step``, a read between storing a turn and generating its answer: a Stop that lands there
         stores the answer as stopped (with ``text``, a continued answer's words so far), never "generating"."""
         try:
             return await step
         except asyncio.CancelledError:
             if turn.answer_id is not None:
-                await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED))
+                await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED),
+                                   template)
             raise
         except Exception as exc:  # the store could not be read: the answer is stored as failed, with why
             if turn.answer_id is not None:
                 code = exc.code if isinstance(exc, Refused) else "internal"
                 await self._finish(turn.answer_id, AnswerResult(text=text, status="error", error=str(exc),
-                                                                error_code=code))
+                                                                error_code=code), template)
             raise
 
     def _check_rate(self, client: str) -> None:
@@ -483,14 +512,31 @@ class Desk:
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
         return [Turn(m.role, m.text) for m in rows if m.text and (m.role == "user" or m.status in ("ok", "stopped"))]
 
-    async def _finish(self, answer_id: int, result: AnswerResult) -> MessageRow:
+    async def _finish(self, answer_id: int, result: AnswerResult, template: TemplateInfo) -> MessageRow:
+        """Store the answer's end and count it for /metrics under ``template`` (at whichever of its versions
+        the row names)."""
         # Shielded: a second cancel must not leave the row "generating"; the write runs on its
         # thread to the end either way.
         try:
-            return await asyncio.shield(self.db.write(db_conversations.finish_answer, message_id=answer_id,
-                                                      result=result))
+            row = await asyncio.shield(self.db.write(db_conversations.finish_answer, message_id=answer_id,
+                                                     result=result))
         except StoreError:
             log.exception("could not store answer %s (%s)", answer_id, result.status)
+            raise
+        version = (template.version_number if row.template_version_id == template.version_id else
+                   self.catalog.version_number(template.name, row.template_version_id))
+        self.metrics.answered(row, template=template.name, version=version)
+        return row
+
+    @contextlib.contextmanager
+    def _counting_refusals(self):
+        """Count a DeskInputError on its way out, once however many of the desk's methods it passes."""
+        try:
+            yield
+        except DeskInputError as exc:
+            if not exc.counted:
+                exc.counted = True
+                self.metrics.refused(exc.code)
             raise
 
 

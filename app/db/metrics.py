@@ -1,6 +1,7 @@
 """The numbers the console plots and tabulates: cache samples, TTFT of hits and misses, per-template reuse,
-and the customers' own hit rate. Only customers' answers are stored (the demo, the A/B and warmups
-never are), so every number here is the customers' — unlike vLLM's counters, which count every request."""
+and the customers' own hit rate; and what /metrics reads at each scrape (the person queue, ratings, splits).
+Only customers' answers are stored (the demo, the A/B and warmups never are), so every number here is the
+customers' — unlike vLLM's counters, which count every request."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from datetime import datetime
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
-from app.db.models import CacheSample, Message, Template, TemplateVersion
-from app.db.rows import HitRate, SampleRow, TtftSplit
+from app.db.models import CacheSample, Conversation, Message, Rating, Template, TemplateVersion
+from app.db.rows import HitRate, RatingCount, SampleRow, SplitArm, StoredFigures, TtftSplit
 
 
 def add_sample(s: Session, *, sample: SampleRow) -> None:
@@ -67,3 +68,44 @@ def template_usage(s: Session) -> dict[str, tuple[int, int, int]]:
         .group_by(Template.name)
     ).all()
     return {name: (n, int(prompt or 0), int(cached or 0)) for name, n, prompt, cached in rows}
+
+
+def scrape_figures(s: Session, *, now: datetime) -> StoredFigures:
+    """The figures /metrics reads from the database, as they stand at ``now``: the person queue (deleted
+    conversations included: a person still owes them an answer), stored thumbs per template version, and
+    every live split's arms since it began. Three grouped queries, and two more per live split, whatever the
+    number of rows."""
+    handoffs = dict(s.execute(
+        select(Conversation.handoff, func.count(Conversation.id))
+        .where(Conversation.handoff.in_(("waiting", "person"))).group_by(Conversation.handoff)).all())
+    oldest = s.scalar(select(func.min(Conversation.handoff_requested_at)).where(Conversation.handoff == "waiting"))
+    ratings = s.execute(
+        select(Template.name, TemplateVersion.number, Rating.thumbs, func.count(Rating.id))
+        .join(TemplateVersion, Rating.template_version_id == TemplateVersion.id)
+        .join(Template, TemplateVersion.template_id == Template.id)
+        .group_by(Template.name, TemplateVersion.number, Rating.thumbs)
+        .order_by(Template.name, TemplateVersion.number, Rating.thumbs)).all()
+    return StoredFigures(
+        person_waiting=int(handoffs.get("waiting", 0)), person_answering=int(handoffs.get("person", 0)),
+        oldest_wait_s=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
+        ratings=tuple(RatingCount(name, number, thumbs, n) for name, number, thumbs, n in ratings),
+        splits=_split_arms(s))
+
+
+def _split_arms(s: Session) -> tuple[SplitArm, ...]:
+    templates = s.scalars(select(Template).where(Template.candidate_version_id.is_not(None),
+                                                 Template.candidate_since.is_not(None),
+                                                 Template.deleted_at.is_(None)).order_by(Template.name)).all()
+    arms = []
+    for t in templates:
+        started = dict(s.execute(
+            select(Conversation.template_version_id, func.count(Conversation.id))
+            .where(Conversation.template_id == t.id, Conversation.created_at >= t.candidate_since)
+            .group_by(Conversation.template_version_id)).all())
+        number = {v.id: v.number for v in t.versions}
+        for version_id, candidate in ((t.published_version_id, False), (t.candidate_version_id, True)):
+            if version_id not in number:
+                continue
+            share = t.candidate_share if candidate else 1.0 - t.candidate_share
+            arms.append(SplitArm(t.name, number[version_id], candidate, share, int(started.get(version_id, 0))))
+    return tuple(arms)

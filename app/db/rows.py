@@ -333,3 +333,35 @@ class SplitView:
     since: datetime | None  # when the split started; its arms count conversations from then on
     versions: tuple[VersionStats, ...]  # every version, newest first, over all their answers
     arms: tuple[VersionStats, ...]  # published then candidate, over conversations since the split began
+
+
+@dataclass(frozen=True)
+class RatingCount:
+    """Stored thumbs of one template version's answers, one way (up or down)."""
+
+    template: str
+    version: int
+    thumbs: int  # +1 or -1
+    count: int
+
+
+@dataclass(frozen=True)
+class SplitArm:
+    """One arm of a live split: conversations started on its version since the split began."""
+
+    template: str
+    version: int
+    candidate: bool  # the candidate arm (else the published one)
+    share: float  # of new conversations this arm gets
+    num_conversations: int
+
+
+@dataclass(frozen=True)
+class StoredFigures:
+    """What /metrics reads from the database when it is scraped (app/db/metrics.py's ``scrape_figures``)."""
+
+    person_waiting: int  # conversations waiting for a person
+    person_answering: int  # conversations a person holds
+    oldest_wait_s: float  # seconds the longest-waiting of them has waited; 0 when none waits
+    ratings: tuple[RatingCount, ...]
+    splits: tuple[SplitArm, ...]

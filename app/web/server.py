@@ -29,6 +29,7 @@ from app.core.callers import ProxyTrust
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Desk
 from app.core.limits import ClientLimiter
+from app.core.metrics import DeskMetrics
 from app.core.prompts import PromptBuilder, system_text
 from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
@@ -38,6 +39,7 @@ from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
 from app.web.connections import ConnectionLimits, guarded_protocol, raise_file_limit, total_connections
 from app.web.guards import GradioRoutes, RequestGuard
+from app.web.metrics_route import build_metrics_router
 from app.web.openai_api import build_openai_router
 
 if TYPE_CHECKING:
@@ -89,7 +91,8 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
-                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms)
+                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms,
+                metrics=DeskMetrics(multiproc_dir=settings.metrics_dir))
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
@@ -132,6 +135,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
         return await services.db.read(db_operators.any_active)
 
     app.include_router(build_openai_router(services.desk, services.trust))
+    app.include_router(build_metrics_router(settings, services.desk))
     app.include_router(build_login_router(access, services.trust, console_open=console_open))
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
                  pwa=False, ssr_mode=False)
@@ -231,6 +235,7 @@ def create_api_app(services: Services) -> FastAPI:
     _lifespan(app, services, folders=())
     _add_healthz(app, services)
     app.include_router(build_openai_router(services.desk, services.trust))
+    app.include_router(build_metrics_router(settings, services.desk))
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
     return app
