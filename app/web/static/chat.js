@@ -82,7 +82,12 @@
     }, 300);
   };
   restore(300);
+  // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
+  const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
+    for (const a of document.querySelectorAll('#chatbot .pd-md a[href]')) {
+      if (a.getAttribute('rel') !== REL) a.setAttribute('rel', REL);
+    }
     const sending = kept(SENDING);
     if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');  // the server has it
     // Gradio's own "connection lost" toast, in the page's language; the question goes back to the box.
