@@ -40,6 +40,9 @@ def md(inner: str) -> str:
     ('```"><img src=x onerror=alert(1)>\nx\n```',
      md('<pre><code class="language-&quot;&gt;&lt;img">x\n</code></pre>\n')),
     ("*" * 20_000, md("<hr>\n")),
+    # Gradio draws a diagram from an element of class "mermaid" (an image from its label): a fence is only code
+    ("```mermaid\ngraph TD\n  A[\"<img src=x>\"]\n```",
+     md('<pre><code class="language-mermaid">graph TD\n  A[&quot;&lt;img src=x&gt;&quot;]\n</code></pre>\n')),
 ])
 def test_hostile_answers_are_text(answer, html):
     assert markdown_html(answer) == html
