@@ -15,6 +15,8 @@ REL = 'target="_blank" rel="noopener noreferrer nofollow"'
 BENIGN = ("Here is what to do:\n\n1. Open **Orders**\n2. Pick *the parcel*\n\n- run `track 42`\n"
           "- or mail [support](mailto:help@example.com)\n\n```\nprint('<ok>')\n```\n\n"
           "See [the guide](https://example.com/guide?a=1&b=2).")
+COPIED = ("Here is what to do:\n\n1. Open Orders\n2. Pick the parcel\n\n- run track 42\n- or mail support\n\n"
+          "print('<ok>')\n\nSee the guide.")
 # (reply, the answer's HTML as the browser holds it)
 REPLIES = [
     (BENIGN,
@@ -52,7 +54,9 @@ def answers_html(page) -> list[str]:
 @pytest.mark.parametrize("viewport", [DESKTOP], ids=["desktop"])
 def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, server_url, db, services, aio,
                                                                       viewport):
-    page = open_chat(browser, server_url, viewport)
+    context = browser.new_context(viewport=viewport)
+    context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server_url.rstrip("/"))
+    page = open_chat(browser, server_url, viewport, page=context.new_page())
     question = f"**bold** [a](https://example.com) <b>x</b> `c` {tag()}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
@@ -92,5 +96,11 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
     assert page.evaluate(DANGER_JS) == []
     assert_tidy(page)
     screenshot(page, "chat-markdown")
+    # Copy under the answers gives what the customer reads, not the HTML the page draws it from.
+    page.locator("#chatbot button[aria-label='Copy message']").last.click()
+    copied = page.evaluate("navigator.clipboard.readText()")
+    assert COPIED in copied
+    assert "<b>x</b><script>window.__pdXss = 1</script>" in copied  # the hostile text, as the customer read it
+    assert "pd-md" not in copied and "<div" not in copied and "&lt;" not in copied
     assert faults(page) == []
-    page.close()
+    context.close()
