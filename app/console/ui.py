@@ -85,7 +85,8 @@ def build_admin(console: Console) -> gr.Blocks:
         audit_btn.click(audit_rows, None, audit_table, api_name="audit")
         audit_tab.select(audit_rows, None, audit_table, api_visibility="private")
         demo.load(who, None, user, api_visibility="private", show_progress="hidden")
-        after_queue_load(demo.load(queue_check, None, queue_outputs, api_visibility="private", show_progress="hidden"))
+        after_queue_load(demo.load(queue_check, None, queue_outputs, api_visibility="private",
+                                   show_progress="hidden"))
         for handler, outputs in loads:
             demo.load(handler, None, outputs, api_visibility="private", show_progress="hidden")
     return demo

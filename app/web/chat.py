@@ -5,8 +5,8 @@ server-side state; the chatbot is only ever an output, so no value a browser sen
 as a component value (Gradio would serve a file named in such a value). Every text in it is shown
 as text, except answers (the model's and a person's), which are safe Markdown made into HTML here
 (app/web/render.py): HTML written in any message is escaped, an image stays text and a link goes only to
-http(s) or mailto, so no message can draw a form or fetch an image. Nothing a browser sends is kept before the desk has taken it in:
-a refused message leaves the conversation state as it was (and goes back to the message box).
+http(s) or mailto, so no message can draw a form or fetch an image. Nothing a browser sends is kept before
+the desk has taken it in: a refused message leaves the conversation state as it was (and goes back to the message box).
 Handlers stay thin: they check the session key (app/core/session_keys.py) and translate between
 Gradio's values and the Desk's events.
 
@@ -757,9 +757,10 @@ def _message(role: str, text: str, title: str | None = None, ref: int | None = N
     (app/web/render.py), everything else as text. A caption carries its answer's id (``ref``): a 👍 or 👎 on
     the answer names it."""
     metadata = {"title": title, "status": "done", **({"id": str(ref)} if ref is not None else {})} if title else None
+    if markdown is None:
+        markdown = role == "assistant" and not title
     text = inspect.cleandoc(text)
-    shown = markdown_html(text) if (role == "assistant" and not title if markdown is None else markdown) \
-        else as_text(text)
+    shown = markdown_html(text) if markdown else as_text(text)
     return {"role": role, "metadata": metadata, "content": [{"text": shown, "type": "text"}], "options": None}
 
 

@@ -97,7 +97,10 @@
     gaps.forEach((node) => node.remove());
     for (const br of doc.querySelectorAll('br')) br.replaceWith('\n');
     for (const list of doc.querySelectorAll('ol, ul')) {
-      [...list.children].forEach((li, i) => { li.prepend(list.tagName === 'OL' ? `${i + 1}. ` : '- '); li.append('\n'); });
+      [...list.children].forEach((li, i) => {
+        li.prepend(list.tagName === 'OL' ? `${i + 1}. ` : '- ');
+        li.append('\n');
+      });
       if (list.parentElement.closest('li')) list.prepend('\n');
     }
     for (const block of doc.querySelectorAll('p, pre, blockquote, h1, h2, h3, h4, h5, h6, hr, ol, ul, div')) {
@@ -107,7 +110,8 @@
   };
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
-    navigator.clipboard.writeText = (value) => write(String(value).includes('class="pd-md') ? plain(value) : value);
+    navigator.clipboard.writeText = (value) =>
+      write(String(value).includes('class="pd-md') ? plain(value) : value);
   }
   // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
   const REL = 'noopener noreferrer nofollow';
