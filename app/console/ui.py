@@ -16,6 +16,7 @@ from app.console.conversations_ui import build_conversations_tab
 from app.console.demo_ui import build_demo_tab
 from app.console.i18n import audit_word, headers
 from app.console.markup import literal
+from app.console.queue_ui import build_queue
 from app.console.templates_ui import build_templates_tab
 from app.console.versions_ui import build_versions_tab
 from app.console.warmup_ui import build_warmup_tab
@@ -26,6 +27,8 @@ footer { display: none !important; }
 #pd-demo-banner { background: #fff4e5; border: 1px solid #f0b429; border-radius: 6px; padding: 4px 12px; }
 #pd-console-header { align-items: center; }
 #logout { max-width: 140px; }
+#pd-queue-row { align-items: center; }
+#pd-queue p { margin: 0; }
 @media (max-width: 640px) {
   #pd-console-header { flex-wrap: wrap; }
   #pd-console-title { flex: 1 1 100% !important; }
@@ -56,6 +59,8 @@ def build_admin(console: Console) -> gr.Blocks:
             gr.Markdown(f"## {t['title']}\n{t['subtitle']}", elem_id="pd-console-title")
             user = gr.Markdown(elem_id="pd-user")
             logout = gr.Button(t["logout"], size="sm", elem_id="logout")
+        with gr.Row(elem_id="pd-queue-row", equal_height=True):
+            queue_check, queue_outputs, after_queue_load = build_queue(console)
         logout.click(None, js=LOGOUT_JS)
         if console.settings.admin_demo:
             gr.Markdown(t["demo_banner"], elem_id="pd-demo-banner")
@@ -80,6 +85,8 @@ def build_admin(console: Console) -> gr.Blocks:
         audit_btn.click(audit_rows, None, audit_table, api_name="audit")
         audit_tab.select(audit_rows, None, audit_table, api_visibility="private")
         demo.load(who, None, user, api_visibility="private", show_progress="hidden")
+        after_queue_load(demo.load(queue_check, None, queue_outputs, api_visibility="private",
+                                   show_progress="hidden"))
         for handler, outputs in loads:
             demo.load(handler, None, outputs, api_visibility="private", show_progress="hidden")
     return demo

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from app.db import audit
 from app.db.conversations import message_row
 from app.db.models import Conversation, Message, Option, Rating, Template, TemplateVersion, utcnow
-from app.db.rows import ReviewFilter, ReviewPage, ReviewRow, SplitView, Transcript, VersionStats
+from app.db.rows import PersonQueue, ReviewFilter, ReviewPage, ReviewRow, SplitView, Transcript, VersionStats
 
 MAX_PAGE_SIZE = 100
 MAX_SEARCH_CHARS = 200
@@ -79,6 +79,18 @@ def search(s: Session, *, filter: ReviewFilter, page: int = 1, page_size: int = 
         .offset((page - 1) * page_size).limit(page_size)
     ))
     return ReviewPage(tuple(_rows(s, ids)), int(total or 0), page, page_size)
+
+
+def person_queue(s: Session, *, oldest: int = 10, newest: int = 100) -> PersonQueue:
+    """The conversations waiting for a person: their number, the ``oldest`` longest waiting and the ids of the
+    ``newest`` to ask. Three queries on the handoff index, whatever the table's size."""
+    waiting = Conversation.handoff == "waiting"
+    total = s.scalar(select(func.count()).select_from(Conversation).where(waiting)) or 0
+    first = s.execute(select(Conversation.id, Conversation.handoff_requested_at).where(waiting)
+                      .order_by(Conversation.handoff_requested_at, Conversation.id).limit(oldest)).all()
+    latest = s.scalars(select(Conversation.id).where(waiting)
+                       .order_by(Conversation.handoff_requested_at.desc(), Conversation.id.desc()).limit(newest)).all()
+    return PersonQueue(int(total), tuple((cid, at) for cid, at in first if at is not None), tuple(latest))
 
 
 def transcript(s: Session, *, conversation_id: int) -> Transcript | None:

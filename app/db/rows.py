@@ -285,6 +285,16 @@ class ReviewPage:
 
 
 @dataclass(frozen=True)
+class PersonQueue:
+    """The customers waiting for a person: how many, the longest waiting (oldest request first, with when each
+    asked) and the ids of the latest to ask (newest first), by which a console tells a new one."""
+
+    total: int
+    oldest: tuple[tuple[int, datetime], ...]  # (conversation id, handoff requested at, UTC)
+    newest_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Transcript:
     conversation: ReviewRow
     messages: tuple[MessageRow, ...]  # as the customer saw them (answers replaced by a retry left out)

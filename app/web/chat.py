@@ -3,9 +3,10 @@
 The conversation a customer sees is rebuilt from the database after every answer and kept in
 server-side state; the chatbot is only ever an output, so no value a browser sends is echoed back
 as a component value (Gradio would serve a file named in such a value). Every text in it is shown
-as text: the chatbot renders no Markdown, and HTML in a message is escaped, so no message can
-draw a form or fetch an image. Nothing a browser sends is kept before the desk has taken it in:
-a refused message leaves the conversation state as it was (and goes back to the message box).
+as text, except answers (the model's and a person's), which are safe Markdown made into HTML here
+(app/web/render.py): HTML written in any message is escaped, an image stays text and a link goes only to
+http(s) or mailto, so no message can draw a form or fetch an image. Nothing a browser sends is kept before
+the desk has taken it in: a refused message leaves the conversation state as it was (and goes back to the message box).
 Handlers stay thin: they check the session key (app/core/session_keys.py) and translate between
 Gradio's values and the Desk's events.
 
@@ -44,6 +45,7 @@ from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
 from app.core.refusals import Refused
 from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
+from app.web.render import markdown_html
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
 STOP_SETTLE_S = 10.0  # how long a stop waits for the cancelled answer to be stored (a busy machine takes seconds)
@@ -560,8 +562,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             first_visible = gr.Textbox("", show_label=False, container=False, max_length=8, lines=1,
                                        interactive=True)
             first_visible_btn = gr.Button("", elem_id="pd-glyph-send")
-        # Messages are text (as_text): no Markdown, no LaTeX, and Gradio's sanitizer (which keeps images and
-        # forms) is only the second line.
+        # Messages come as HTML made here (as_text, and answers' Markdown by app/web/render.py): Gradio renders no
+        # Markdown or LaTeX of its own, and its sanitizer (which keeps images and forms) is only the second line.
         # The default topic's questions are the page's own: a page loading on it needs no update (loaded_chat).
         default_questions = suggested(picker()["value"])
         chatbot = gr.Chatbot(elem_id="chatbot", height="58vh", show_label=False, buttons=["copy"],
@@ -747,18 +749,24 @@ def as_text(text: str) -> str:
     return html.escape(text, quote=False)
 
 
-def _message(role: str, text: str, title: str | None = None, ref: int | None = None) -> dict:
+def _message(role: str, text: str, title: str | None = None, ref: int | None = None, *,
+             markdown: bool | None = None) -> dict:
     """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
-    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc), shown as text. A
-    caption carries its answer's id (``ref``): a 👍 or 👎 on the answer names it."""
+    ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc). An answer's text
+    (``markdown``, by default an assistant's message with no caption title) is shown as safe Markdown
+    (app/web/render.py), everything else as text. A caption carries its answer's id (``ref``): a 👍 or 👎 on
+    the answer names it."""
     metadata = {"title": title, "status": "done", **({"id": str(ref)} if ref is not None else {})} if title else None
-    return {"role": role, "metadata": metadata,
-            "content": [{"text": as_text(inspect.cleandoc(text)), "type": "text"}], "options": None}
+    if markdown is None:
+        markdown = role == "assistant" and not title
+    text = inspect.cleandoc(text)
+    shown = markdown_html(text) if markdown else as_text(text)
+    return {"role": role, "metadata": metadata, "content": [{"text": shown, "type": "text"}], "options": None}
 
 
 def _notice(text: str, t: dict) -> dict:
     """A notice is shown as it is, never folded under a title."""
-    return _message("assistant", t["notice"] + text)
+    return _message("assistant", t["notice"] + text, markdown=False)
 
 
 def _feedback(messages: list[dict], rows: list[MessageRow]) -> list[str | None]:

@@ -109,6 +109,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     from app.console.context import build_console  # the web layer mounts the console here
     from app.console.login import ConsoleGate, build_login_router
     from app.console.operators import sync_settings_operator
+    from app.console.queue_ui import console_js
     from app.console.ui import CSS as CONSOLE_CSS
     from app.console.ui import build_admin
     from app.web.chat import CSS as CHAT_CSS
@@ -142,7 +143,8 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     blocks = build_admin(console)
     _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CONSOLE_PROGRESS_POLL_S)
-    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, max_file_size=f"{settings.max_upload_mib}mb",
+    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, js=console_js(settings.ui_language),
+                        max_file_size=f"{settings.max_upload_mib}mb",
                         blocked_paths=_blocked_paths(settings), **mount)
     _keep_files_in(app, "/admin", blocks, console_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,

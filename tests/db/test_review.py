@@ -20,7 +20,7 @@ from app.db import review as db_review
 from app.db import templates as db_templates
 from app.db.models import Conversation, utcnow
 from app.db.review import ReviewInputError
-from app.db.rows import AnswerResult, ReviewFilter
+from app.db.rows import AnswerResult, PersonQueue, ReviewFilter
 from tests.helpers.servers import ROOT
 
 POSTGRES = os.environ.get("PREFIXDESK_TEST_POSTGRES_URL", "")
@@ -288,3 +288,25 @@ def test_the_waiting_order_does_not_depend_on_how_the_backend_sorts_missing_time
     run(backdate, conversation_id=turns[0].conversation_id, minutes=5)
     page = run(db_review.search, filter=ReviewFilter())
     assert ids(page) == [turns[0].conversation_id, turns[2].conversation_id, turns[1].conversation_id]
+
+
+def test_the_person_queue_counts_the_waiting_and_names_the_longest_waiting_first(review_db):
+    run = review_db.run
+    assert run(db_review.person_queue) == PersonQueue(0, (), ())
+    turns = [conversation(review_db, "电商客服", f"找人工 {i}") for i in range(4)]
+    a, b, c, d = (x.conversation_id for x in turns)
+    for cid in (a, b, c, d):
+        run(db_conversations.request_person, session_key="s", conversation_id=cid)
+    now = utcnow()
+
+    def asked(cid, minutes):
+        def set_at(s):
+            s.get(Conversation, cid).handoff_requested_at = now - timedelta(minutes=minutes)
+        run(set_at)
+
+    for cid, minutes in ((a, 5), (b, 30), (c, 1), (d, 12)):
+        asked(cid, minutes)
+    run(db_conversations.take, conversation_id=c, operator="ana")  # taken: no longer waiting
+    queue = run(db_review.person_queue, oldest=2, newest=2)
+    assert (queue.total, [cid for cid, _ in queue.oldest], queue.newest_ids) == (3, [b, d], (a, d))
+    assert [at for _, at in queue.oldest] == [now - timedelta(minutes=30), now - timedelta(minutes=12)]

@@ -1,10 +1,13 @@
 """The chat's events skip Gradio's postprocessing and send messages they built themselves: those must be
-exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text), or
-the page would show something else."""
+exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text; an
+answer's Markdown as HTML: app/web/render.py), or the page would show something else."""
+
+import inspect
 
 import gradio as gr
 
 from app.web.chat import _message, as_text
+from app.web.render import markdown_html
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -17,9 +20,14 @@ CASES = [
 
 
 def test_each_message_is_what_gradios_chatbot_makes_of_it():
-    # What Gradio makes of the text as the chat shows it (HTML escaped: app/web/chat.py as_text).
-    as_chat_sends = [{"role": role, "content": as_text(text), **({"metadata": {"title": title, "status": "done"}} if title
-                                                        else {})} for role, text, title in CASES]
+    # What Gradio makes of the text as the chat shows it: an answer's Markdown as HTML (of the text Gradio would
+    # tidy with cleandoc), anything else HTML escaped (app/web/chat.py as_text).
+    def shown(role: str, text: str, title: str | None) -> str:
+        return markdown_html(inspect.cleandoc(text)) if role == "assistant" and not title else as_text(text)
+
+    as_chat_sends = [{"role": role, "content": shown(role, text, title),
+                      **({"metadata": {"title": title, "status": "done"}} if title else {})}
+                     for role, text, title in CASES]
     assert gr.Chatbot().postprocess(as_chat_sends).model_dump() == [_message(*case) for case in CASES]
 
 

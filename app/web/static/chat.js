@@ -82,7 +82,43 @@
     }, 300);
   };
   restore(300);
+  // Copy gives what the customer reads: Gradio copies a message's value, which for an answer is the HTML made from
+  // its Markdown (app/web/render.py) and for other messages text with < > & escaped. (Without the clipboard API,
+  // on a page not served over https, Gradio copies through a textarea of its own: the HTML.) The value is read as HTML
+  // in an inert document (DOMParser: nothing loads or runs) and written as lines of text: paragraphs, list items
+  // ("- ", "1. "), code and quotes on lines of their own.
+  const plain = (value) => {
+    const doc = new DOMParser().parseFromString(String(value), 'text/html');
+    const walker = doc.createTreeWalker(doc.body, NodeFilter.SHOW_TEXT), gaps = [];
+    while (walker.nextNode()) {  // the line breaks between tags are the HTML's, not the answer's
+      const node = walker.currentNode;
+      if (/^\s*$/.test(node.data) && node.data.includes('\n') && !node.parentElement.closest('pre')) gaps.push(node);
+    }
+    gaps.forEach((node) => node.remove());
+    for (const br of doc.querySelectorAll('br')) br.replaceWith('\n');
+    for (const list of doc.querySelectorAll('ol, ul')) {
+      [...list.children].forEach((li, i) => {
+        li.prepend(list.tagName === 'OL' ? `${i + 1}. ` : '- ');
+        li.append('\n');
+      });
+      if (list.parentElement.closest('li')) list.prepend('\n');
+    }
+    for (const block of doc.querySelectorAll('p, pre, blockquote, h1, h2, h3, h4, h5, h6, hr, ol, ul, div')) {
+      block.append('\n\n');
+    }
+    return doc.body.textContent.replace(/\n{3,}/g, '\n\n').trim();
+  };
+  if (navigator.clipboard && navigator.clipboard.writeText) {
+    const write = navigator.clipboard.writeText.bind(navigator.clipboard);
+    navigator.clipboard.writeText = (value) =>
+      write(String(value).includes('class="pd-md') ? plain(value) : value);
+  }
+  // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
+  const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
+    for (const a of document.querySelectorAll('#chatbot .pd-md a[href]')) {
+      if (a.getAttribute('rel') !== REL) a.setAttribute('rel', REL);
+    }
     const sending = kept(SENDING);
     if (sending && lastQuestion() === sending.trim()) keep(SENDING, '');  // the server has it
     // Gradio's own "connection lost" toast, in the page's language; the question goes back to the box.
