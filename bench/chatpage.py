@@ -199,19 +199,24 @@ def _text(content) -> str:
 
 
 class Customer:
-    """One simulated browser: its session hash and the cookie the server gave it (sent back from then on)."""
+    """One simulated browser: its session hash and the cookies the server gave it (sent back from then on): the
+    app's browser cookie, and the web tier's proxy cookie that keeps it with one web process."""
 
     def __init__(self, session_hash: str):
         self.session_hash = session_hash
-        self.cookie: str | None = None
+        self.cookies: dict[str, str] = {}
+
+    @property
+    def cookie(self) -> str | None:
+        return self.cookies.get(BROWSER_COOKIE)
 
     def headers(self) -> dict[str, str]:
-        return {"Cookie": f"{BROWSER_COOKIE}={self.cookie}"} if self.cookie else {}
+        return {"Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items())} if self.cookies else {}
 
     def keep_cookie(self, response) -> None:
-        given = response.cookies.get(BROWSER_COOKIE)
-        if given is not None and given.value:
-            self.cookie = given.value
+        for name, given in response.cookies.items():
+            if given.value:
+                self.cookies[name] = given.value
 
 
 class ChatPageTarget:
