@@ -34,6 +34,7 @@ from app.core.session_keys import MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
 from app.db import conversations as db_conversations
 from app.db.models import utcnow
+from app.db.person_queue import Cap, PersonCaps, QueueFull, record_refusal
 from app.db.rows import AnswerResult, ConversationRow, MessageRow, TemplateInfo, TurnIds
 from app.engine import Delta, Engine, EngineBusy, EngineError, EngineRejected, RequestStats
 
@@ -97,12 +98,13 @@ class Finished:
     customer: MessageRow
     dropped_turns: int = 0
     handoff: str = ""
+    person_refused: str = ""  # the answer asked for a person and the queue's caps refused: the refusal's code
 
 
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
                  limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
-                 step_delay_ms: int = 0):
+                 step_delay_ms: int = 0, person_caps: PersonCaps = PersonCaps()):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -112,6 +114,7 @@ class Desk:
         self.family_shards = family_shards
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
         self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
+        self.person_caps = person_caps  # PREFIXDESK_PERSON_WAITING_*: the person queue's caps
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -317,13 +320,21 @@ class Desk:
         header = await self._read(db_conversations.header, conversation_id=conversation_id)
         return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
 
-    async def request_person(self, *, session_key: str, conversation_id: int) -> bool:
-        """Hand this browser's conversation to a person; False when it is not theirs or already waits for one."""
+    async def request_person(self, *, session_key: str, conversation_id: int, client: str = "") -> bool:
+        """Hand this browser's conversation to a person, asked from ``client`` (its address); False when it is not
+        theirs or already waits for one. Raises DeskInputError "person_queue_full" (everyone's cap) or
+        "person_queue_own" (this client's or browser's) when the queue's caps refuse it; the refusal is counted
+        for the operators."""
         try:
             return await self.db.write(db_conversations.request_person, session_key=session_key,
-                                       conversation_id=conversation_id)
+                                       conversation_id=conversation_id, client=client, caps=self.person_caps)
         except (db_conversations.NotYours, StoreError):
             return False
+        except QueueFull as full:
+            with contextlib.suppress(StoreError):
+                await self.db.write(record_refusal, cap=full.cap)
+            code = "person_queue_full" if full.cap is Cap.TOTAL else "person_queue_own"
+            raise DeskInputError(code, limit=full.limit) from None
 
     async def rename(self, *, session_key: str, conversation_id: int, title: object) -> bool:
         """Give this browser's conversation a title of its customer's (1 to 60 characters once cleaned)."""
@@ -421,12 +432,15 @@ class Desk:
             await self._finish(turn.answer_id, _failed(text, "internal"))
             raise
         stored = await self._finish(turn.answer_id, result)
-        handoff = ""
+        handoff, refused = "", ""
         if stored.status == "ok" and asks_for_person(stored.text) and session_key:
-            handoff = "waiting" if await self.request_person(session_key=session_key,
-                                                             conversation_id=turn.conversation_id) else ""
+            try:
+                handoff = "waiting" if await self.request_person(session_key=session_key, client=client,
+                                                                 conversation_id=turn.conversation_id) else ""
+            except DeskInputError as exc:  # the queue's caps: the answer stands, the customer is told
+                refused = exc.code
         yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
-                       dropped, handoff=handoff)
+                       dropped, handoff=handoff, person_refused=refused)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
         """``template`` at a conversation's own version (None: the published one)."""

@@ -415,15 +415,22 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 _choices(listed, t, conversation_id), *watch(now, found[1]))
 
     @_calm(4)
-    async def ask_person(conversation_id: Any, session_key: str, shown: list):
+    async def ask_person(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
         """(chatbot, shown, timer, seen): the conversation handed to a person, and the page polling for their
-        replies from the last answer it shows."""
+        replies from the last answer it shows; a full queue (the desk's caps) said in plain words."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
         shown = list(shown or [])
         if key is None or conversation_id is None:
             return shown + [_notice(t["person_first"], t)], gr.skip(), gr.skip(), gr.skip()
-        asked = await desk.request_person(session_key=key, conversation_id=conversation_id)
+        try:
+            asked = await desk.request_person(session_key=key, conversation_id=conversation_id,
+                                              client=caller_of(request).address)
+        except TenantRefused:
+            return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
+        except DeskInputError as exc:
+            return shown + [_notice(refusal_text(exc.code, exc.params, language), t)], gr.skip(), gr.skip(), \
+                gr.skip()
         handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
         if not asked and not handoff:
             return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
@@ -738,6 +745,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
                 answer = [_notice(t["waiting_person" if event.handoff == "waiting" else "with_person"], t)]
             else:
                 answer = _answer_messages(event.customer, t, language)
+            if event.person_refused:  # the answer asked for a person and the queue's caps refused
+                answer = answer + [_notice(refusal_text(event.person_refused, {}, language), t)]
             messages = shown + answer
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 

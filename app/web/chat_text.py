@@ -92,6 +92,8 @@ TEXT = {
             "prefix_unstable": "这个咨询类别暂时无法回答，请选择其他类别或稍后再试。",
             "not_continuable": "这个回答无法继续，请重新提问。",
             "nothing_to_continue": "上一个回答已经完整，没有需要继续的内容。",
+            "person_queue_full": "人工客服现在都在忙，暂时无法转接。请过几分钟再点“转人工”，也可以继续在这里提问。",
+            "person_queue_own": "您已有对话在等待人工客服，客服会先回复那些对话，请稍候。",
             "busy": "客服现在很忙，请稍等片刻再发送。",
             "rejected": "这个问题暂时无法回答，请换个说法再试。",
             "broke_off": "回答中途中断了，请点“重试”。",
@@ -180,6 +182,10 @@ TEXT = {
             "prefix_unstable": "This topic cannot be answered right now. Please choose another topic or try later.",
             "not_continuable": "This answer cannot be continued. Please ask again.",
             "nothing_to_continue": "The last answer is complete; there is nothing to continue.",
+            "person_queue_full": "Everyone on our team is busy right now, so we cannot bring in a person yet. Please "
+                                 "ask for a person again in a few minutes, or keep asking here.",
+            "person_queue_own": "You already have a conversation waiting for a person. They will answer that one "
+                                "first; please wait for them.",
             "busy": "The help desk is very busy. Please wait a moment, then send again.",
             "rejected": "This question cannot be answered right now. Please try putting it another way.",
             "broke_off": "The answer broke off. Please press Retry.",

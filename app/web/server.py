@@ -33,6 +33,7 @@ from app.core.prompts import PromptBuilder, system_text
 from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
 from app.db import templates as db_templates
+from app.db.person_queue import PersonCaps
 from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
 from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
@@ -89,7 +90,10 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
-                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms)
+                ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms,
+                person_caps=PersonCaps(per_client=settings.person_waiting_per_client,
+                                       per_session=settings.person_waiting_per_session,
+                                       total=settings.person_waiting_max))
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
