@@ -3,16 +3,15 @@
 The list is a page of app/db/review.py's search (waiting for a person first, with how long); a row
 opens its transcript with every answer's numbers; an operator takes a waiting conversation, replies
 as a person and hands it back to the model (app/db/conversations.py audits each step). The selection
-exports as CSV or JSONL, streamed to a file. With transcripts hidden (an audited option) the list
+exports as CSV or JSONL, streamed to a file that is kept ten minutes (app/console/exports.py). With transcripts hidden (an audited option) the list
 keeps its metadata, the transcript shows no text and exports leave it out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
-import tempfile
 from datetime import datetime
-from pathlib import Path
 
 import gradio as gr
 
@@ -135,13 +134,16 @@ def build_conversations_tab(console: Console):
             f = _filter(text, template, version, rating, status, tenant)
             if fmt not in db_review.EXPORT_FORMATS:
                 raise ReviewInputError(t["conv_export_format"])
-            path = Path(tempfile.mkdtemp(prefix="prefixdesk-review-")) / f"conversations-{utcnow():%Y%m%d-%H%M%S}.{fmt}"
+            await asyncio.to_thread(console.exports.prune)  # the exports past their time go first
+            path = console.exports.new_path(f"conversations-{utcnow():%Y%m%d-%H%M%S}.{fmt}")
+            console.exports.expire_later()
             include_text = not await hidden()
             with path.open("w", encoding="utf-8", newline="") as out:
                 n = await db.read(db_review.export, filter=f, fmt=fmt, out=out, include_text=include_text)
         except REFUSED as exc:
             return t["refused"].format(message=exc), gr.skip()
         note = plural(t, "conv_exported", n) + ("" if include_text else " " + t["conv_exported_hidden"])
+        note += " " + t["conv_export_kept"].format(minutes=round(console.exports.ttl_s / 60))
         return note, gr.update(value=str(path), visible=True)
 
     gr.Markdown(t["conv_help"])

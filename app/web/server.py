@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -108,6 +109,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
 
     from app.console.access import ConsoleAccess
     from app.console.context import build_console  # the web layer mounts the console here
+    from app.console.exports import ExportFiles
     from app.console.login import ConsoleGate, build_login_router
     from app.console.operators import sync_settings_operator
     from app.console.ui import CSS as CONSOLE_CSS
@@ -124,10 +126,11 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
                            language=settings.ui_language, clock=console_clock)
-    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
-                            catalog=services.catalog, access=access)
     console_files = _console_folder()
-    _lifespan(app, services, folders=(console_files,))
+    exports = ExportFiles(console_files, clock=console_clock.monotonic if console_clock else time.monotonic)
+    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
+                            catalog=services.catalog, access=access, exports=exports)
+    _lifespan(app, services, folders=(console_files,), on_stop=exports.close)
     _add_healthz(app, services)
 
     async def console_open() -> bool:
@@ -344,9 +347,10 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
 
-def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) -> None:
-    """Start-up warmup and the background loops around the app's own lifespan; ``folders`` are removed
-    at the end."""
+def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...],
+              on_stop: Callable[[], None] | None = None) -> None:
+    """Start-up warmup and the background loops around the app's own lifespan; at the end ``on_stop`` runs and
+    ``folders`` are removed."""
     from app.core.background import background, warm_published
     from app.core.warmup import probe_token, warm_sampling
 
@@ -376,6 +380,8 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) ->
                 yield state
         finally:
             warming.cancel()
+            if on_stop is not None:
+                on_stop()
             for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
 

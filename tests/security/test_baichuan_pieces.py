@@ -1,4 +1,4 @@
-"""Attack: a hostile Baichuan2 ``tokenizer.model`` (issue 28, item 6).
+"""Attack: a hostile Baichuan2 ``tokenizer.model`` (issue 28).
 
 Before: the conversion pasted the chat tokens' piece texts into the chat template's Jinja source, so a piece that
 closed the string and opened a ``{% for %}`` loop ran that loop on every prompt (the server never listened in
