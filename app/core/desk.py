@@ -26,7 +26,7 @@ from functools import partial
 
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
-from app.core.limits import ClientLimiter, RateLimited
+from app.core.limits import ClientLimiter, FeedbackLimiter, RateLimited
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.refusals import Refused, english
 from app.core.routing import routing_key
@@ -104,7 +104,8 @@ class Finished:
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
                  limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
-                 step_delay_ms: int = 0, person_caps: PersonCaps = PersonCaps()):
+                 step_delay_ms: int = 0, person_caps: PersonCaps = PersonCaps(),
+                 feedback: FeedbackLimiter | None = None):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -115,6 +116,8 @@ class Desk:
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
         self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
         self.person_caps = person_caps  # PREFIXDESK_PERSON_WAITING_*: the person queue's caps
+        # PREFIXDESK_FEEDBACK_PER_*: ratings and first-text times counted per client and browser
+        self.feedback = feedback or FeedbackLimiter(per_client=0, per_session=0)
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -306,10 +309,14 @@ class Desk:
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
 
-    async def first_visible(self, *, session_key: str, conversation_id: int, ms: float) -> MessageRow | None:
+    async def first_visible(self, *, session_key: str, conversation_id: int, ms: float,
+                            client: str = "") -> MessageRow | None:
         """Keep the browser's measure of when the last answer of this browser's conversation first showed on its
         screen (``ms``: checked by the caller, 0 < ms <= MAX_FIRST_VISIBLE_MS), for an answer begun in the last
-        FIRST_VISIBLE_WITHIN and not reported before. The answer as the customer sees it, or None."""
+        FIRST_VISIBLE_WITHIN and not reported before, within ``client``'s and the browser's share of reports
+        (FeedbackLimiter). The answer as the customer sees it, or None."""
+        if not self.feedback.allow("first_visible", client=client, session_key=session_key):
+            return None
         try:
             row = await self.db.write(db_conversations.first_visible_of_last, session_key=session_key,
                                       conversation_id=conversation_id, ms=ms, since=utcnow() - FIRST_VISIBLE_WITHIN)
@@ -363,8 +370,11 @@ class Desk:
             return None
         return await self._read(db_conversations.handoff_of, conversation_id=conversation_id)
 
-    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "") -> bool:
-        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers."""
+    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "", client: str = "") -> bool:
+        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers, within
+        ``client``'s and the browser's share of ratings (FeedbackLimiter); False when not kept."""
+        if not self.feedback.allow("rating", client=client, session_key=session_key):
+            return False
         try:
             await self.db.write(db_conversations.rate, session_key=session_key, message_id=message_id,
                                 thumbs=thumbs, reason=clean_text(reason).strip())

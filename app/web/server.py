@@ -29,7 +29,7 @@ from app import template_files
 from app.core.callers import ProxyTrust
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Desk
-from app.core.limits import ClientLimiter
+from app.core.limits import ClientLimiter, FeedbackLimiter
 from app.core.prompts import PromptBuilder, system_text
 from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
@@ -94,7 +94,9 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
                 ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms,
                 person_caps=PersonCaps(per_client=settings.person_waiting_per_client,
                                        per_session=settings.person_waiting_per_session,
-                                       total=settings.person_waiting_max))
+                                       total=settings.person_waiting_max),
+                feedback=FeedbackLimiter(per_client=settings.feedback_per_client,
+                                         per_session=settings.feedback_per_session))
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
