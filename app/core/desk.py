@@ -135,11 +135,11 @@ class Desk:
     def prefix_ids(self, template: TemplateInfo) -> tuple[int, ...]:
         return self.catalog.prefix_ids(template.name)
 
-    def shared_tokens(self, template_name: str) -> int:
-        """Tokens of the template's prefix in whole KV blocks: what all its customers share (0 when it is
-        no longer published)."""
+    def shared_tokens(self, template_name: str, version_id: int | None = None) -> int:
+        """Tokens of the template's prefix (at ``version_id``, a conversation's own version, when the catalog holds
+        it) in whole KV blocks: what all its customers share (0 when it is no longer published)."""
         try:
-            num_prefix_tokens = len(self.catalog.prefix_ids(template_name))
+            num_prefix_tokens = len(self.catalog.prefix_ids(template_name, version_id))
         except KeyError:
             return 0
         return shared_prefix_tokens(num_prefix_tokens, self.engine.info.block_size)
@@ -303,8 +303,8 @@ class Desk:
         if header is None or header.session_key != session_key:
             return None
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
-        shared = self.shared_tokens(header.template)
-        return [_for_customer(m, shared, own_namespace=bool(header.tenant)) for m in rows]
+        return [_for_customer(m, self.shared_tokens(header.template, m.template_version_id),
+                              own_namespace=bool(header.tenant)) for m in rows]
 
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
@@ -325,7 +325,8 @@ class Desk:
         if row is None:
             return None
         header = await self._read(db_conversations.header, conversation_id=conversation_id)
-        return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
+        return _for_customer(row, self.shared_tokens(header.template, row.template_version_id),
+                             own_namespace=bool(header.tenant))
 
     async def request_person(self, *, session_key: str, conversation_id: int, client: str = "") -> bool:
         """Hand this browser's conversation to a person, asked from ``client`` (its address); False when it is not
@@ -449,7 +450,8 @@ class Desk:
                                                                  conversation_id=turn.conversation_id) else ""
             except DeskInputError as exc:  # the queue's caps: the answer stands, the customer is told
                 refused = exc.code
-        yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
+        yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name, stored.template_version_id),
+                                             own_namespace=bool(tenant)),
                        dropped, handoff=handoff, person_refused=refused)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
@@ -572,8 +574,10 @@ def clean_text(text: str) -> str:
 
 
 def _for_customer(m: MessageRow, shared_tokens: int, *, own_namespace: bool) -> MessageRow:
+    """The row as its customer may see it: cached tokens capped (app/core/cache_figures.py), with the shared prefix
+    of its own version, which the caption's reuse is a share of."""
     shown = shown_cached_tokens(m.num_cached_tokens, shared_tokens=shared_tokens, own_namespace=own_namespace)
-    return m if shown == m.num_cached_tokens else replace(m, num_cached_tokens=shown)
+    return replace(m, num_cached_tokens=shown, shared_tokens=shared_tokens)
 
 
 def _failed(text: str, code: str, **params) -> AnswerResult:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.core.cache_figures import reused_percent
 from app.db.rows import MessageRow
 
 TEXT = {
@@ -44,7 +45,7 @@ TEXT = {
         "answered": "已回复",
         "first_text": "首字显示 {ms} 毫秒",
         "server_start": "服务器开始回复 {ms} 毫秒",
-        "reused": "已读资料复用 {cached}/{total}",
+        "reused": "已读资料复用 {percent}%",
         "speed": "每秒 {rate} 字",
         "cut_off": "回答较长，已截断",
         "continue": "继续",
@@ -130,7 +131,7 @@ TEXT = {
         "answered": "Answered",
         "first_text": "first text on screen {ms} ms",
         "server_start": "server began replying {ms} ms",
-        "reused": "reading reused {cached}/{total}",
+        "reused": "reading reused {percent}%",
         "speed": "{rate} per second",
         "cut_off": "Long answer, cut short",
         "continue": "Continue",
@@ -255,8 +256,8 @@ def caption_details(m: MessageRow, language: str) -> str:
     parts = [t["first_text"].format(ms=shown)]
     if m.ttft_ms is not None:
         parts.append(t["server_start"].format(ms=f"{m.ttft_ms:.0f}"))
-    if m.prompt_tokens:
-        parts.append(t["reused"].format(cached=m.num_cached_tokens or 0, total=m.prompt_tokens))
+    if m.prompt_tokens and (percent := reused_percent(m.num_cached_tokens, m.shared_tokens)) is not None:
+        parts.append(t["reused"].format(percent=percent))  # a share of the shared prefix: the same in every arm
     if m.decode_tokens_per_s:
         parts.append(t["speed"].format(rate=f"{m.decode_tokens_per_s:.0f}"))
     if m.replica:
