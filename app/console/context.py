@@ -43,10 +43,10 @@ class Console:
 def build_console(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
                   access: ConsoleAccess, exports: ExportFiles | None = None) -> Console:
     """``exports``: where exported transcripts go (the server's: inside the console's own folder, removed at
-    shutdown); None gives a private temporary folder of their own."""
+    shutdown); None puts each in a private folder of its own in the temp folder, removed after its time."""
     prompts = desk.prompts
     meter = PrefixMeter(prompts, engine.info.block_size, prompts.max_model_len, settings.max_tokens)
-    exports = exports or ExportFiles(Path(tempfile.mkdtemp(prefix="prefixdesk-console-exports-")))
+    exports = exports or ExportFiles(Path(tempfile.gettempdir()))
     return Console(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
                    templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer),
                    exports=exports)

@@ -1,6 +1,6 @@
-"""The console's exported transcripts, kept on disk only as long as an operator needs to download them.
+"""The console's exports (transcripts, template files), kept on disk only as long as an operator needs them.
 
-An export is a file of customers' conversations (tens of MB). Each one is written in a folder of its own
+An export of conversations is a file of customers' words (tens of MB). Each export is written in a folder of its own
 (0700) inside the console's private folder, which Gradio serves from without copying it again and which the
 server removes at shutdown; a folder older than EXPORT_TTL_S is removed at the next export and by a timer
 set when it is made. The clock is injectable, so a test moves time instead of waiting for it.
@@ -30,10 +30,14 @@ class ExportFiles:
 
     def new_path(self, name: str) -> Path:
         """A path for one export's file named ``name``, in a fresh folder of its own (0700) under ``root``."""
-        folder = Path(tempfile.mkdtemp(prefix="export-", dir=self.root))
+        return self.new_folder() / name
+
+    def new_folder(self) -> Path:
+        """A fresh folder (0700) under ``root`` for one export's files, removed with them."""
+        folder = Path(tempfile.mkdtemp(prefix="prefixdesk-export-", dir=self.root))
         with self._lock:
             self._made[folder] = self._clock()
-        return folder / name
+        return folder
 
     def prune(self) -> int:
         """Remove the exports made EXPORT_TTL_S or longer ago; returns how many. Blocking: call it on a thread."""

@@ -1,7 +1,8 @@
 """Attack, on what is left behind: exported transcripts on the server's disk (issue 28).
 
 Before: every export made a /tmp/prefixdesk-review-* folder that nothing removed (five of them, 50.9 MB of
-customers' conversations, were still there after shutdown), and Gradio kept a second copy in its cache.
+customers' conversations, were still there after shutdown), and Gradio kept a second copy in its cache; the
+template files' export left /tmp/prefixdesk-export-* folders the same way.
 After: each export is a folder of its own inside the console's private folder (Gradio serves it from there,
 without a copy), removed EXPORT_TTL_S after it was made (at the next export, and by a timer) and at shutdown.
 """
@@ -69,8 +70,13 @@ def test_a_servers_exports_go_after_their_time_and_at_shutdown(services, engine_
         first = export()
         console_folder = first.parent.parent
         assert first.read_text(encoding="utf-8").startswith("conversation_id,")
-        assert console_folder.name.startswith("prefixdesk-console-") and first.parent.name.startswith("export-")
+        assert console_folder.name.startswith("prefixdesk-console-") and first.parent.name.startswith("prefixdesk-export-")
         clock.advance(EXPORT_TTL_S)
         second = export()
         assert (first.parent.exists(), second.is_file(), second.parent.parent) == (False, True, console_folder)
-    assert (second.exists(), console_folder.exists()) == (False, False)  # the server stopped: nothing left
+        # The template files export the same way: in a folder of their own inside the console's, until its end.
+        files = [Path(f["path"]) for f in admin.predict(api_name="/export")]
+        assert sorted(f.name for f in files) == sorted(["support-en.txt", "商城通用规则.txt", "服装鞋包.txt",
+                                                        "电商客服.txt", "电子产品.txt"])
+        assert {f.parent.parent for f in files} == {console_folder} and len({f.parent for f in files}) == 1
+    assert (second.exists(), files[0].exists(), console_folder.exists()) == (False, False, False)  # nothing left
