@@ -248,6 +248,23 @@ class Settings:
                                           "together); 0 turns the limit off.", check=at_least(0))
     max_streams_per_client: int = _setting(8, "Answers one client address may have streaming at once; 0 turns the "
                                            "limit off.", check=at_least(0))
+    person_waiting_per_client: int = _setting(3, "Conversations one client address (an IPv6 address's /64) may have "
+                                              "waiting for a person at once; a further request is refused in plain "
+                                              "words and counted on the console's Conversations tab. 0 turns the cap "
+                                              "off.", check=at_least(0))
+    person_waiting_per_session: int = _setting(1, "Conversations one browser may have waiting for a person at once "
+                                               "(refused and counted like the address's). 0 turns the cap off.",
+                                               check=at_least(0))
+    person_waiting_max: int = _setting(100, "Conversations waiting for a person at once, all customers together: "
+                                       "further customers are asked to try again in a few minutes, and the console "
+                                       "says the queue is full. 0 turns the cap off.", check=at_least(0))
+    feedback_per_client: int = _setting(30, "Ratings one client address may have counted an hour, and as many "
+                                        "first-text times (the browser's own report): more are not counted, so a "
+                                        "few scripted clients cannot decide a split's ratings. 0 turns the limit "
+                                        "off.", check=at_least(0))
+    feedback_per_session: int = _setting(15, "The same per browser: ratings, and as many first-text times, one "
+                                         "browser may have counted an hour. 0 turns the limit off.",
+                                         check=at_least(0))
     chat_updates_per_s: int = _setting(2000, "Screen updates a second the chat sends, all streaming answers together: "
                                        "each answer gets at most ten a second, fewer when more answers stream at "
                                        "once, so that under load the text comes in larger pieces rather than the "

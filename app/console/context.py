@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.console.access import ConsoleAccess
+from app.console.exports import ExportFiles
 from app.console.i18n import TEXT
 from app.console.templates import PrefixMeter, Templates
 from app.core.catalog import TemplateCatalog
@@ -26,6 +29,7 @@ class Console:
     templates: Templates
     access: ConsoleAccess
     probe_id: int  # the token a warmup sends after a prefix (see app/core/warmup.py)
+    exports: ExportFiles  # exported transcripts, removed after EXPORT_TTL_S and at shutdown
 
     @property
     def language(self) -> str:
@@ -37,8 +41,12 @@ class Console:
 
 
 def build_console(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
-                  access: ConsoleAccess) -> Console:
+                  access: ConsoleAccess, exports: ExportFiles | None = None) -> Console:
+    """``exports``: where exported transcripts go (the server's: inside the console's own folder, removed at
+    shutdown); None puts each in a private folder of its own in the temp folder, removed after its time."""
     prompts = desk.prompts
     meter = PrefixMeter(prompts, engine.info.block_size, prompts.max_model_len, settings.max_tokens)
+    exports = exports or ExportFiles(Path(tempfile.gettempdir()))
     return Console(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
-                   templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer))
+                   templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer),
+                   exports=exports)

@@ -3,16 +3,15 @@
 The list is a page of app/db/review.py's search (waiting for a person first, with how long); a row
 opens its transcript with every answer's numbers; an operator takes a waiting conversation, replies
 as a person and hands it back to the model (app/db/conversations.py audits each step). The selection
-exports as CSV or JSONL, streamed to a file. With transcripts hidden (an audited option) the list
+exports as CSV or JSONL, streamed to a file that is kept ten minutes (app/console/exports.py). With transcripts hidden (an audited option) the list
 keeps its metadata, the transcript shows no text and exports leave it out.
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
-import tempfile
 from datetime import datetime
-from pathlib import Path
 
 import gradio as gr
 
@@ -22,8 +21,10 @@ from app.console.markup import literal
 from app.core.cache_tree import plural
 from app.core.desk import MAX_MESSAGE_CHARS, clean_text
 from app.db import conversations as db_conversations
+from app.db import person_queue
 from app.db import review as db_review
 from app.db.models import utcnow
+from app.db.person_queue import Cap, QueueState
 from app.db.review import MAX_SEARCH_CHARS, ReviewInputError
 from app.db.rows import MessageRow, ReviewFilter, ReviewPage, ReviewRow, Transcript
 
@@ -55,11 +56,12 @@ def build_conversations_tab(console: Console):
             f = _filter(text, template, version, rating, status, tenant)
             result = await db.read(db_review.search, filter=f, page=_page(page), page_size=PAGE_SIZE)
         except REFUSED as exc:
-            return t["refused"].format(message=exc), gr.skip(), gr.skip(), gr.skip()
+            return t["refused"].format(message=exc), gr.skip(), gr.skip(), gr.skip(), gr.skip()
         if result.rows == () and result.total and result.page > 1:  # the filter shrank the list below this page
             result = await db.read(db_review.search, filter=f, page=result.num_pages, page_size=PAGE_SIZE)
+        queue = await db.read(person_queue.queue_state, total_cap=console.settings.person_waiting_max)
         return (_summary(result, t), list_rows(result, t, hide=await hidden(), now=utcnow()), result.page,
-                [r.id for r in result.rows])
+                [r.id for r in result.rows], queue_line(queue, t))
 
     async def choices(request: gr.Request):
         await access.require(request)
@@ -132,13 +134,16 @@ def build_conversations_tab(console: Console):
             f = _filter(text, template, version, rating, status, tenant)
             if fmt not in db_review.EXPORT_FORMATS:
                 raise ReviewInputError(t["conv_export_format"])
-            path = Path(tempfile.mkdtemp(prefix="prefixdesk-review-")) / f"conversations-{utcnow():%Y%m%d-%H%M%S}.{fmt}"
+            await asyncio.to_thread(console.exports.prune)  # the exports past their time go first
+            path = console.exports.new_path(f"conversations-{utcnow():%Y%m%d-%H%M%S}.{fmt}")
+            console.exports.expire_later()
             include_text = not await hidden()
             with path.open("w", encoding="utf-8", newline="") as out:
                 n = await db.read(db_review.export, filter=f, fmt=fmt, out=out, include_text=include_text)
         except REFUSED as exc:
             return t["refused"].format(message=exc), gr.skip()
         note = plural(t, "conv_exported", n) + ("" if include_text else " " + t["conv_exported_hidden"])
+        note += " " + t["conv_export_kept"].format(minutes=round(console.exports.ttl_s / 60))
         return note, gr.update(value=str(path), visible=True)
 
     gr.Markdown(t["conv_help"])
@@ -161,6 +166,7 @@ def build_conversations_tab(console: Console):
         page = gr.Number(value=1, precision=0, visible=False)
         hide = gr.Checkbox(label=t["conv_hide"], elem_id="conv-hide")
     summary = gr.Markdown(elem_id="conv-summary")
+    queue = gr.Markdown(elem_id="conv-queue")  # the person queue: how many wait, and what its caps refused
     table = gr.Dataframe(headers=headers(console.language, "conv_headers"), interactive=False, wrap=True,
                          elem_id="conv-table", max_height=420)
     ids = gr.State([])
@@ -185,7 +191,7 @@ def build_conversations_tab(console: Console):
     api_search = gr.Button(visible=False)  # the list with its page number, for scripts
 
     filters = [text, template, version, rating, status, tenant]
-    listing = [summary, table, page, ids]
+    listing = [summary, table, page, ids, queue]
     quiet = {"show_progress": "minimal"}
 
     async def first(text, template, version, rating, status, tenant, request: gr.Request):
@@ -227,6 +233,19 @@ def list_rows(page: ReviewPage, t: dict, *, hide: bool, now: datetime) -> list[l
              f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.last_at:%H:%M:%S}", t[f"status_{r.status}"] if r.status else "",
              r.ups or "", r.downs or "", r.num_messages, r.tenant, t["conv_hidden_text"] if hide else r.title]
             for r in page.rows]
+
+
+def queue_line(q: QueueState, t: dict) -> str:
+    """The person queue in a line or two: how many wait (of the cap), a full queue said as such, and how many
+    requests the caps refused since the previous hour began (a flood shows as a number here)."""
+    lines = [t["conv_queue_cap" if q.total_cap else "conv_queue"].format(waiting=q.waiting, cap=q.total_cap)]
+    if q.full:
+        lines.append(t["conv_queue_full"].format(cap=q.total_cap))
+    if refused := sum(q.refused.values()):
+        lines.append(t["conv_queue_refused"].format(
+            n=refused, since=f"{q.since:%H:%M}", client=q.refused[Cap.CLIENT], session=q.refused[Cap.SESSION],
+            total=q.refused[Cap.TOTAL]))
+    return "  \n".join(lines)
 
 
 def who_answers(r: ReviewRow, t: dict, now: datetime) -> str:

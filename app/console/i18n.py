@@ -293,6 +293,12 @@ TEXT: dict[str, dict[str, str]] = {
         "conv_headers": "no.|answered by|template|version|started (UTC)|last (UTC)|status|thumbs up|thumbs down|"
                         "messages|tenant|title",
         "conv_page": "Page {page} of {pages} · {conversations}",
+        "conv_queue": "Waiting for a person: {waiting}",
+        "conv_queue_cap": "Waiting for a person: {waiting} (at most {cap})",
+        "conv_queue_full": "**The person queue is full**: every new request for a person is refused until one of "
+                           "the {cap} waiting is taken.",
+        "conv_queue_refused": "**Refused since {since} UTC: {n}** — {client} over one address's cap, {session} over "
+                              "one browser's, {total} with the queue full.",
         "conv_id": "Conversation no.",
         "conv_open": "Open",
         "conv_not_found": "There is no conversation no. {id}.",
@@ -324,6 +330,7 @@ TEXT: dict[str, dict[str, str]] = {
         "conv_exported": "Exported {n} messages.",
         "conv_exported_one": "Exported 1 message.",
         "conv_exported_hidden": "Texts were left out (transcripts are hidden).",
+        "conv_export_kept": "Download it now: the file is deleted from the server after {minutes} minutes.",
         "conv_export_format": "Export as CSV or JSONL.",
         "wait_s": "{s} s",
         "wait_min": "{m} min {s} s",
@@ -670,6 +677,11 @@ TEXT: dict[str, dict[str, str]] = {
         "conv_hide": "隐藏对话内容（隐私）",
         "conv_headers": "编号|由谁回答|模板|版本|开始 (UTC)|最近 (UTC)|状态|赞|踩|消息数|租户|标题",
         "conv_page": "第 {page} / {pages} 页 · 共 {conversations}",
+        "conv_queue": "等待人工：{waiting}",
+        "conv_queue_cap": "等待人工：{waiting}（上限 {cap}）",
+        "conv_queue_full": "**人工队列已满**：在 {cap} 段等待中的对话有人接待之前，新的转人工请求都会被拒绝。",
+        "conv_queue_refused": "**自 {since} UTC 起拒绝 {n} 次** —— 超出单个地址上限 {client} 次，超出单个浏览器上限 "
+                              "{session} 次，队列已满 {total} 次。",
         "conv_id": "对话编号",
         "conv_open": "打开",
         "conv_not_found": "没有编号为 {id} 的对话。",
@@ -701,6 +713,7 @@ TEXT: dict[str, dict[str, str]] = {
         "conv_exported": "已导出 {n} 条消息。",
         "conv_exported_one": "已导出 1 条消息。",
         "conv_exported_hidden": "正文未导出（对话内容已隐藏）。",
+        "conv_export_kept": "请及时下载：文件在 {minutes} 分钟后从服务器删除。",
         "conv_export_format": "请选择 CSV 或 JSONL。",
         "wait_s": "{s} 秒",
         "wait_min": "{m} 分 {s} 秒",

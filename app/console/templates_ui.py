@@ -7,7 +7,6 @@ keep their values and are not marked as errors.
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 
 import gradio as gr
@@ -193,7 +192,9 @@ def build_templates_tab(console: Console):
 
     async def export_files(request: gr.Request):
         await access.require(request)
-        folder = Path(tempfile.mkdtemp(prefix="prefixdesk-export-"))
+        await asyncio.to_thread(console.exports.prune)
+        folder = console.exports.new_folder()  # removed after its time and at shutdown (app/console/exports.py)
+        console.exports.expire_later()
         paths = []
         for file_name, content in await templates.export_files():
             (folder / file_name).write_text(content, encoding="utf-8")

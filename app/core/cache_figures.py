@@ -7,6 +7,10 @@ to ``/v1`` callers are therefore capped at the template's own prefix in whole KV
 every customer of the template shares — unless the request ran in a cache namespace of its own (a
 tenant's salt, or a ``/v1`` caller's own ``cache_salt``): then every cached block is its own.
 
+The chat's caption says only what share of that shared prefix was read from the cache (``reused_percent``):
+the prompt's length, or a count of tokens, differs between the versions of a live split, and would tell a
+customer which arm they are on.
+
 The database keeps the true number; the console shows it to operators.
 """
 
@@ -24,3 +28,14 @@ def shown_cached_tokens(num_cached_tokens: int | None, *, shared_tokens: int, ow
     if num_cached_tokens is None or own_namespace:
         return num_cached_tokens
     return min(num_cached_tokens, shared_tokens)
+
+
+def reused_percent(num_cached_tokens: int | None, shared_tokens: int | None) -> int | None:
+    """The share (0-100, rounded down) of the shared prefix that came from the cache: 100 when the prefix fills no
+    whole block (nothing to read, so nothing missed: a short version's caption reads like a long one's); None for
+    a row that is no customer's copy."""
+    if shared_tokens is None:
+        return None
+    if shared_tokens == 0:
+        return 100
+    return min(num_cached_tokens or 0, shared_tokens) * 100 // shared_tokens

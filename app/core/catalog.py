@@ -125,8 +125,11 @@ class TemplateCatalog:
         entry = self._candidates.get(name)
         return entry.template if entry else None
 
-    def prefix_ids(self, name: str) -> tuple[int, ...]:
-        return self._entries[name].prefix_ids
+    def prefix_ids(self, name: str, version_id: int | None = None) -> tuple[int, ...]:
+        """The prefix token ids of ``name`` at ``version_id`` when that version is held (published, a candidate or
+        one a conversation used lately), else of the published version; raises KeyError for no such template."""
+        entry = self._by_version(name, version_id) if version_id is not None else None
+        return (entry or self._entries[name]).prefix_ids
 
     def version_number(self, name: str, version_id: int | None) -> int | None:
         """The number of ``name``'s version ``version_id`` if the catalog holds that version, else None."""

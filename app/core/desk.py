@@ -26,7 +26,7 @@ from functools import partial, wraps
 
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
-from app.core.limits import ClientLimiter, RateLimited
+from app.core.limits import ClientLimiter, FeedbackLimiter, RateLimited
 from app.core.metrics import DeskMetrics
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.refusals import Refused, english
@@ -35,6 +35,7 @@ from app.core.session_keys import MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
 from app.db import conversations as db_conversations
 from app.db.models import utcnow
+from app.db.person_queue import Cap, PersonCaps, QueueFull, record_refusal
 from app.db.rows import AnswerResult, ConversationRow, MessageRow, TemplateInfo, TurnIds
 from app.engine import Delta, Engine, EngineBusy, EngineError, EngineRejected, RequestStats
 
@@ -100,6 +101,7 @@ class Finished:
     customer: MessageRow
     dropped_turns: int = 0
     handoff: str = ""
+    person_refused: str = ""  # the answer asked for a person and the queue's caps refused: the refusal's code
 
 
 def _refusals_counted(method):
@@ -117,7 +119,8 @@ def _refusals_counted(method):
 class Desk:
     def __init__(self, *, db: Database, catalog: TemplateCatalog, engine: Engine, prompts: PromptBuilder,
                  limiter: ClientLimiter, tenant_secret: str, family_shards: int = 1, ignore_eos: bool = False,
-                 step_delay_ms: int = 0, metrics: DeskMetrics | None = None):
+                 step_delay_ms: int = 0, metrics: DeskMetrics | None = None, person_caps: PersonCaps = PersonCaps(),
+                 feedback: FeedbackLimiter | None = None):
         self.db = db
         self.catalog = catalog
         self.engine = engine
@@ -128,6 +131,9 @@ class Desk:
         self.ignore_eos = ignore_eos  # PREFIXDESK_IGNORE_EOS: every answer runs to its token budget (load tests)
         self.step_delay_ms = step_delay_ms  # PREFIXDESK_STEP_DELAY_MS: answers a test can catch mid-stream
         self.metrics = metrics or DeskMetrics()  # counted here, served at /metrics (app/core/metrics.py)
+        self.person_caps = person_caps  # PREFIXDESK_PERSON_WAITING_*: the person queue's caps
+        # PREFIXDESK_FEEDBACK_PER_*: ratings and first-text times counted per client and browser
+        self.feedback = feedback or FeedbackLimiter(per_client=0, per_session=0)
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -145,11 +151,11 @@ class Desk:
     def prefix_ids(self, template: TemplateInfo) -> tuple[int, ...]:
         return self.catalog.prefix_ids(template.name)
 
-    def shared_tokens(self, template_name: str) -> int:
-        """Tokens of the template's prefix in whole KV blocks: what all its customers share (0 when it is
-        no longer published)."""
+    def shared_tokens(self, template_name: str, version_id: int | None = None) -> int:
+        """Tokens of the template's prefix (at ``version_id``, a conversation's own version, when the catalog holds
+        it) in whole KV blocks: what all its customers share (0 when it is no longer published)."""
         try:
-            num_prefix_tokens = len(self.catalog.prefix_ids(template_name))
+            num_prefix_tokens = len(self.catalog.prefix_ids(template_name, version_id))
         except KeyError:
             return 0
         return shared_prefix_tokens(num_prefix_tokens, self.engine.info.block_size)
@@ -323,16 +329,20 @@ class Desk:
         if header is None or header.session_key != session_key:
             return None
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
-        shared = self.shared_tokens(header.template)
-        return [_for_customer(m, shared, own_namespace=bool(header.tenant)) for m in rows]
+        return [_for_customer(m, self.shared_tokens(header.template, m.template_version_id),
+                              own_namespace=bool(header.tenant)) for m in rows]
 
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
 
-    async def first_visible(self, *, session_key: str, conversation_id: int, ms: float) -> MessageRow | None:
+    async def first_visible(self, *, session_key: str, conversation_id: int, ms: float,
+                            client: str = "") -> MessageRow | None:
         """Keep the browser's measure of when the last answer of this browser's conversation first showed on its
         screen (``ms``: checked by the caller, 0 < ms <= MAX_FIRST_VISIBLE_MS), for an answer begun in the last
-        FIRST_VISIBLE_WITHIN and not reported before. The answer as the customer sees it, or None."""
+        FIRST_VISIBLE_WITHIN and not reported before, within ``client``'s and the browser's share of reports
+        (FeedbackLimiter). The answer as the customer sees it, or None."""
+        if not self.feedback.allow("first_visible", client=client, session_key=session_key):
+            return None
         try:
             row = await self.db.write(db_conversations.first_visible_of_last, session_key=session_key,
                                       conversation_id=conversation_id, ms=ms, since=utcnow() - FIRST_VISIBLE_WITHIN)
@@ -342,15 +352,24 @@ class Desk:
             return None
         header = await self._read(db_conversations.header, conversation_id=conversation_id)
         self.metrics.shown(template=header.template, ms=row.first_visible_ms)
-        return _for_customer(row, self.shared_tokens(header.template), own_namespace=bool(header.tenant))
+        return _for_customer(row, self.shared_tokens(header.template, row.template_version_id),
+                             own_namespace=bool(header.tenant))
 
-    async def request_person(self, *, session_key: str, conversation_id: int) -> bool:
-        """Hand this browser's conversation to a person; False when it is not theirs or already waits for one."""
+    async def request_person(self, *, session_key: str, conversation_id: int, client: str = "") -> bool:
+        """Hand this browser's conversation to a person, asked from ``client`` (its address); False when it is not
+        theirs or already waits for one. Raises DeskInputError "person_queue_full" (everyone's cap) or
+        "person_queue_own" (this client's or browser's) when the queue's caps refuse it; the refusal is counted
+        for the operators."""
         try:
             return await self.db.write(db_conversations.request_person, session_key=session_key,
-                                       conversation_id=conversation_id)
+                                       conversation_id=conversation_id, client=client, caps=self.person_caps)
         except (db_conversations.NotYours, StoreError):
             return False
+        except QueueFull as full:
+            with contextlib.suppress(StoreError):
+                await self.db.write(record_refusal, cap=full.cap)
+            code = "person_queue_full" if full.cap is Cap.TOTAL else "person_queue_own"
+            raise DeskInputError(code, limit=full.limit) from None
 
     async def rename(self, *, session_key: str, conversation_id: int, title: object) -> bool:
         """Give this browser's conversation a title of its customer's (1 to 60 characters once cleaned)."""
@@ -379,8 +398,11 @@ class Desk:
             return None
         return await self._read(db_conversations.handoff_of, conversation_id=conversation_id)
 
-    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "") -> bool:
-        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers."""
+    async def rate(self, *, session_key: str, message_id: int, thumbs: int, reason: str = "", client: str = "") -> bool:
+        """Keep the customer's thumbs (+1 or -1, with an optional reason) on one of their answers, within
+        ``client``'s and the browser's share of ratings (FeedbackLimiter); False when not kept."""
+        if not self.feedback.allow("rating", client=client, session_key=session_key):
+            return False
         try:
             await self.db.write(db_conversations.rate, session_key=session_key, message_id=message_id,
                                 thumbs=thumbs, reason=clean_text(reason).strip())
@@ -449,12 +471,16 @@ class Desk:
             await self._finish(turn.answer_id, _failed(text, "internal"), template)
             raise
         stored = await self._finish(turn.answer_id, result, template)
-        handoff = ""
+        handoff, refused = "", ""
         if stored.status == "ok" and asks_for_person(stored.text) and session_key:
-            handoff = "waiting" if await self.request_person(session_key=session_key,
-                                                             conversation_id=turn.conversation_id) else ""
-        yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name), own_namespace=bool(tenant)),
-                       dropped, handoff=handoff)
+            try:
+                handoff = "waiting" if await self.request_person(session_key=session_key, client=client,
+                                                                 conversation_id=turn.conversation_id) else ""
+            except DeskInputError as exc:  # the queue's caps: the answer stands, the customer is told
+                refused = exc.code
+        yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name, stored.template_version_id),
+                                             own_namespace=bool(tenant)),
+                       dropped, handoff=handoff, person_refused=refused)
 
     async def _on_version(self, template: TemplateInfo, version_id: int | None) -> TemplateInfo:
         """``template`` at a conversation's own version (None: the published one)."""
@@ -595,8 +621,10 @@ def clean_text(text: str) -> str:
 
 
 def _for_customer(m: MessageRow, shared_tokens: int, *, own_namespace: bool) -> MessageRow:
+    """The row as its customer may see it: cached tokens capped (app/core/cache_figures.py), with the shared prefix
+    of its own version, which the caption's reuse is a share of."""
     shown = shown_cached_tokens(m.num_cached_tokens, shared_tokens=shared_tokens, own_namespace=own_namespace)
-    return m if shown == m.num_cached_tokens else replace(m, num_cached_tokens=shown)
+    return replace(m, num_cached_tokens=shown, shared_tokens=shared_tokens)
 
 
 def _failed(text: str, code: str, **params) -> AnswerResult:

@@ -40,6 +40,10 @@ ENGLISH = {
                        "so it can never be cached; use a chat template without dates or defaults",
     "not_continuable": "This model's chat template cannot continue an answer; ask again to get a new one.",
     "nothing_to_continue": "The last answer of this conversation was not cut short; there is nothing to continue.",
+    "person_queue_full": "{limit} conversations are already waiting for a person, the most the desk takes at "
+                         "once; ask for a person again in a few minutes.",
+    "person_queue_own": "{limit} of your conversations already wait for a person, the most one customer may have; "
+                        "a person will answer those first.",
     "busy": "The help desk is busy right now: {detail}.",
     "rejected": "This request could not be answered: {detail}.",
     "broke_off": "The answer broke off: {detail}.",

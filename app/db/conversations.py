@@ -21,8 +21,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.db import audit
+from app.db import audit, person_queue
 from app.db.models import Conversation, Message, Rating, Template, utcnow
+from app.db.person_queue import PersonCaps
 from app.db.rows import AnswerResult, ConversationHeader, ConversationRow, ConversationState, MessageRow, TurnIds
 
 TITLE_CHARS = 60
@@ -295,12 +296,17 @@ def delete(s: Session, *, session_key: str, conversation_id: int) -> None:
     _own(s, session_key, conversation_id).deleted_at = utcnow()
 
 
-def request_person(s: Session, *, session_key: str, conversation_id: int) -> bool:
-    """Mark the conversation as waiting for a person; False when it already waits or is with one."""
+def request_person(s: Session, *, session_key: str, conversation_id: int, client: str = "",
+                   caps: PersonCaps = PersonCaps()) -> bool:
+    """Mark the conversation as waiting for a person, asked by ``client`` (app/db/person_queue.py); False when it
+    already waits or is with one. Raises QueueFull (nothing written) when one of ``caps`` is reached."""
     c = _own(s, session_key, conversation_id)
     if c.handoff:
         return False
-    c.handoff, c.handoff_requested_at = "waiting", utcnow()
+    key = person_queue.client_key(client)
+    if full := person_queue.full_cap(s, session_key=session_key, client=key, caps=caps):
+        raise full
+    c.handoff, c.handoff_requested_at, c.handoff_client = "waiting", utcnow(), key
     return True
 
 
@@ -357,7 +363,7 @@ def release(s: Session, *, conversation_id: int, operator: str) -> None:
     if c is None or not c.handoff:
         raise HandoffError(f"conversation {conversation_id} is not with a person")
     before = c.handoff_operator or c.handoff
-    c.handoff, c.handoff_operator, c.handoff_requested_at = "", "", None
+    c.handoff, c.handoff_operator, c.handoff_requested_at, c.handoff_client = "", "", None, ""
     audit.record(s, user=operator, action="release conversation", target=str(conversation_id), field="answered by",
                  before=before, after="model")
 

@@ -86,6 +86,9 @@ class Conversation(Base):
     handoff: Mapped[str] = mapped_column(String(16), default="")
     handoff_requested_at: Mapped[datetime | None]
     handoff_operator: Mapped[str] = mapped_column(String(100), default="")
+    # The client (address, or an IPv6 /64) that asked for the person: the key of the per-client cap on waiting
+    # conversations (app/db/person_queue.py).
+    handoff_client: Mapped[str] = mapped_column(String(64), default="")
     deleted_at: Mapped[datetime | None]  # the customer deleted it: gone from their list, kept for the record
 
     template: Mapped[Template] = relationship()
@@ -149,6 +152,17 @@ class Option(Base):
     value: Mapped[str] = mapped_column(Text)
     updated_by: Mapped[str] = mapped_column(String(100), default="")
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class PersonRefusal(Base):
+    """How many requests for a person one cap refused in one hour (app/db/person_queue.py): a flood is a count,
+    not a row per request."""
+
+    __tablename__ = "person_refusals"
+
+    hour: Mapped[datetime] = mapped_column(primary_key=True)  # the hour's start, UTC
+    cap: Mapped[str] = mapped_column(String(16), primary_key=True)  # client | session | total
+    count: Mapped[int] = mapped_column(default=0)
 
 
 class CacheSample(Base):

@@ -74,6 +74,9 @@ class MessageRow:
     rating: int | None = None  # the customer's thumbs: +1, -1, or None
     rating_reason: str = ""
     error_code: str = ""  # why an answer failed, for the customer's own words (app/core/refusals.py)
+    # In a customer's copy (app/core/cache_figures.py): the answer's own template version's prefix in whole KV
+    # blocks, which the caption's reuse is a share of; None in the stored row.
+    shared_tokens: int | None = None
 
     @property
     def cut_off(self) -> bool:

@@ -23,6 +23,7 @@ after the answer, by a short event of its own (which also hands a refused messag
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import html
@@ -382,7 +383,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 
     @_calm(2)
-    async def report_first_visible(report: Any, conversation_id: Any, session_key: str, shown: list):
+    async def report_first_visible(report: Any, conversation_id: Any, session_key: str, shown: list,
+                                   request: gr.Request):
         """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
         caption's title says it. Anything but a whole number of milliseconds in range is ignored."""
         key = keys.browser(session_key)
@@ -390,7 +392,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         conversation_id = _conversation_id(conversation_id)
         if key is None or ms is None or conversation_id is None:
             return gr.skip(), gr.skip()
-        row = await desk.first_visible(session_key=key, conversation_id=conversation_id, ms=ms)
+        try:
+            client = caller_of(request).address
+        except TenantRefused:
+            return gr.skip(), gr.skip()
+        row = await desk.first_visible(session_key=key, conversation_id=conversation_id, ms=ms, client=client)
         shown = list(shown or [])
         last = next((i for i in range(len(shown) - 1, -1, -1) if (shown[i].get("metadata") or {}).get("title")), None)
         if row is None or last is None:
@@ -417,15 +423,22 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                 _choices(listed, t, conversation_id), *watch(now, found[1]))
 
     @_calm(4)
-    async def ask_person(conversation_id: Any, session_key: str, shown: list):
+    async def ask_person(conversation_id: Any, session_key: str, shown: list, request: gr.Request):
         """(chatbot, shown, timer, seen): the conversation handed to a person, and the page polling for their
-        replies from the last answer it shows."""
+        replies from the last answer it shows; a full queue (the desk's caps) said in plain words."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
         shown = list(shown or [])
         if key is None or conversation_id is None:
             return shown + [_notice(t["person_first"], t)], gr.skip(), gr.skip(), gr.skip()
-        asked = await desk.request_person(session_key=key, conversation_id=conversation_id)
+        try:
+            asked = await desk.request_person(session_key=key, conversation_id=conversation_id,
+                                              client=caller_of(request).address)
+        except TenantRefused:
+            return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
+        except DeskInputError as exc:
+            return shown + [_notice(refusal_text(exc.code, exc.params, language), t)], gr.skip(), gr.skip(), \
+                gr.skip()
         handoff = await desk.handoff(session_key=key, conversation_id=conversation_id)
         if not asked and not handoff:
             return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
@@ -453,7 +466,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         return shown, shown, max((m.id for m in new), default=after), gr.Timer(active=bool(handoff))
 
     @_calm(3)
-    async def rated(data: gr.LikeData, shown: list, session_key: str):
+    async def rated(data: gr.LikeData, shown: list, session_key: str, request: gr.Request):
         """(reason row, rating for, reason box): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional reason."""
         key = keys.browser(session_key)
         shown = shown or []
@@ -468,15 +481,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if key is None or message_id is None or data.liked not in (True, False):
             return gr.skip(), gr.skip(), gr.skip()
         thumbs = 1 if data.liked else -1
-        if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs):
+        try:
+            client = caller_of(request).address
+        except TenantRefused:
+            return gr.skip(), gr.skip(), gr.skip()
+        if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs, client=client):
             return gr.skip(), gr.skip(), gr.skip()
         return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, ""
 
     @_calm(3)
-    async def send_reason(reason: Any, rating_for: Any, session_key: str):
+    async def send_reason(reason: Any, rating_for: Any, session_key: str, request: gr.Request):
         key = keys.browser(session_key)
         if key is not None and type(rating_for) is int and isinstance(reason, str) and len(reason) <= 500:
-            await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason)
+            with contextlib.suppress(TenantRefused):
+                await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason,
+                                client=caller_of(request).address)
         return gr.Row(visible=False), None, ""
 
     @_calm(2)
@@ -740,6 +759,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
                 answer = [_notice(t["waiting_person" if event.handoff == "waiting" else "with_person"], t)]
             else:
                 answer = _answer_messages(event.customer, t, language)
+            if event.person_refused:  # the answer asked for a person and the queue's caps refused
+                answer = answer + [_notice(refusal_text(event.person_refused, {}, language), t)]
             messages = shown + answer
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 

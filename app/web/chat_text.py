@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from app.core.cache_figures import reused_percent
 from app.db.rows import MessageRow
 
 TEXT = {
@@ -44,7 +45,7 @@ TEXT = {
         "answered": "已回复",
         "first_text": "首字显示 {ms} 毫秒",
         "server_start": "服务器开始回复 {ms} 毫秒",
-        "reused": "已读资料复用 {cached}/{total}",
+        "reused": "已读资料复用 {percent}%",
         "speed": "每秒 {rate} 字",
         "cut_off": "回答较长，已截断",
         "continue": "继续",
@@ -92,6 +93,8 @@ TEXT = {
             "prefix_unstable": "这个咨询类别暂时无法回答，请选择其他类别或稍后再试。",
             "not_continuable": "这个回答无法继续，请重新提问。",
             "nothing_to_continue": "上一个回答已经完整，没有需要继续的内容。",
+            "person_queue_full": "人工客服现在都在忙，暂时无法转接。请过几分钟再点“转人工”，也可以继续在这里提问。",
+            "person_queue_own": "您已有对话在等待人工客服，客服会先回复那些对话，请稍候。",
             "busy": "客服现在很忙，请稍等片刻再发送。",
             "rejected": "这个问题暂时无法回答，请换个说法再试。",
             "broke_off": "回答中途中断了，请点“重试”。",
@@ -128,7 +131,7 @@ TEXT = {
         "answered": "Answered",
         "first_text": "first text on screen {ms} ms",
         "server_start": "server began replying {ms} ms",
-        "reused": "reading reused {cached}/{total}",
+        "reused": "reading reused {percent}%",
         "speed": "{rate} per second",
         "cut_off": "Long answer, cut short",
         "continue": "Continue",
@@ -180,6 +183,10 @@ TEXT = {
             "prefix_unstable": "This topic cannot be answered right now. Please choose another topic or try later.",
             "not_continuable": "This answer cannot be continued. Please ask again.",
             "nothing_to_continue": "The last answer is complete; there is nothing to continue.",
+            "person_queue_full": "Everyone on our team is busy right now, so we cannot bring in a person yet. Please "
+                                 "ask for a person again in a few minutes, or keep asking here.",
+            "person_queue_own": "You already have a conversation waiting for a person. They will answer that one "
+                                "first; please wait for them.",
             "busy": "The help desk is very busy. Please wait a moment, then send again.",
             "rejected": "This question cannot be answered right now. Please try putting it another way.",
             "broke_off": "The answer broke off. Please press Retry.",
@@ -249,8 +256,8 @@ def caption_details(m: MessageRow, language: str) -> str:
     parts = [t["first_text"].format(ms=shown)]
     if m.ttft_ms is not None:
         parts.append(t["server_start"].format(ms=f"{m.ttft_ms:.0f}"))
-    if m.prompt_tokens:
-        parts.append(t["reused"].format(cached=m.num_cached_tokens or 0, total=m.prompt_tokens))
+    if m.prompt_tokens and (percent := reused_percent(m.num_cached_tokens, m.shared_tokens)) is not None:
+        parts.append(t["reused"].format(percent=percent))  # a share of the shared prefix: the same in every arm
     if m.decode_tokens_per_s:
         parts.append(t["speed"].format(rate=f"{m.decode_tokens_per_s:.0f}"))
     if m.replica:

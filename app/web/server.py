@@ -17,6 +17,7 @@ import os
 import secrets
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,12 +29,13 @@ from app import template_files
 from app.core.callers import ProxyTrust
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Desk
-from app.core.limits import ClientLimiter
+from app.core.limits import ClientLimiter, FeedbackLimiter
 from app.core.metrics import DeskMetrics
 from app.core.prompts import PromptBuilder, system_text
 from app.core.session_keys import SessionKeys
 from app.db import Database, open_database
 from app.db import templates as db_templates
+from app.db.person_queue import PersonCaps
 from app.engine import Engine, build_engine, resolve_model_path, resolve_tokenizer
 from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
@@ -92,7 +94,12 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
                 ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms,
-                metrics=DeskMetrics(multiproc_dir=settings.metrics_dir))
+                metrics=DeskMetrics(multiproc_dir=settings.metrics_dir),
+                person_caps=PersonCaps(per_client=settings.person_waiting_per_client,
+                                       per_session=settings.person_waiting_per_session,
+                                       total=settings.person_waiting_max),
+                feedback=FeedbackLimiter(per_client=settings.feedback_per_client,
+                                         per_session=settings.feedback_per_session))
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     return Services(settings, db, engine, prompts, catalog, desk, trust)
@@ -107,6 +114,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
 
     from app.console.access import ConsoleAccess
     from app.console.context import build_console  # the web layer mounts the console here
+    from app.console.exports import ExportFiles
     from app.console.login import ConsoleGate, build_login_router
     from app.console.operators import sync_settings_operator
     from app.console.queue_ui import console_js
@@ -124,10 +132,11 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     sync_settings_operator(services.db, settings)
     access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
                            language=settings.ui_language, clock=console_clock)
-    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
-                            catalog=services.catalog, access=access)
     console_files = _console_folder()
-    _lifespan(app, services, folders=(console_files,))
+    exports = ExportFiles(console_files, clock=console_clock.monotonic if console_clock else time.monotonic)
+    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
+                            catalog=services.catalog, access=access, exports=exports)
+    _lifespan(app, services, folders=(console_files,), on_stop=exports.close)
     _add_healthz(app, services)
 
     async def console_open() -> bool:
@@ -342,9 +351,10 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         return JSONResponse(body, status_code=200 if body["ok"] else 503)
 
 
-def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) -> None:
-    """Start-up warmup and the background loops around the app's own lifespan; ``folders`` are removed
-    at the end."""
+def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...],
+              on_stop: Callable[[], None] | None = None) -> None:
+    """Start-up warmup and the background loops around the app's own lifespan; at the end ``on_stop`` runs and
+    ``folders`` are removed."""
     from app.core.background import background, warm_published
     from app.core.warmup import probe_token, warm_sampling
 
@@ -374,6 +384,8 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...]) ->
                 yield state
         finally:
             warming.cancel()
+            if on_stop is not None:
+                on_stop()
             for folder in folders:
                 shutil.rmtree(folder, ignore_errors=True)
 

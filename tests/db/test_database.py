@@ -62,7 +62,7 @@ def test_migrations_make_every_table_and_the_seed_fills_them(fresh_db):
     tables = set(inspect(fresh_db.engine).get_table_names())
     assert tables == {"alembic_version", "templates", "template_versions", "conversations", "messages",
                       "cache_samples", "audit", "operators", "admin_sessions", "leases", "revisions", "ratings",
-                      "options"}
+                      "options", "person_refusals"}
     names = [t.name for t in fresh_db.run(db_templates.published)]
     assert names == ["电商客服", "support-en", "商城通用规则", "电子产品", "服装鞋包"]
     families = {t.name: (t.family, t.internal) for t in fresh_db.run(db_templates.published)}

@@ -37,6 +37,11 @@ def settings_for(data_dir: Path, **overrides):
         rate_limit_per_minute=0,
         max_streams_per_client=0,
         max_connections_per_client=0,
+        person_waiting_per_client=0,
+        person_waiting_per_session=0,
+        person_waiting_max=0,
+        feedback_per_client=0,
+        feedback_per_session=0,
         keep_warm_interval_s=0,
         engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )

@@ -66,7 +66,7 @@ def test_a_right_guess_of_another_customers_message_reads_like_a_wrong_one(serve
         key = output(run(page, server_url, dependency(cfg, "on_load"), ["", None], session))[0]
         shown = output(run(page, server_url, dependency(cfg, "send"), [page_guess, TEMPLATE, None, key, None], session))[0]
     caption = shown[-1]["content"][0]["text"]
-    assert f" · 已读资料复用 {shared}/" in caption, caption
+    assert " · 已读资料复用 100%" in caption, caption  # the shared prefix, all of it: no more
     stored = db.execute("select num_cached_tokens from messages where role = 'assistant' and conversation_id = "
                         "(select conversation_id from messages where text = ?)", [page_guess]).fetchall()
     assert stored == [(hit_tokens(services, block_size, page_guess, [victim, right, wrong, *v1_guesses]),)]

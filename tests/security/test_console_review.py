@@ -44,7 +44,7 @@ def hostile(services, aio):
 def test_an_exported_formula_is_text_in_a_spreadsheet(admin, hostile):
     message, marker = hostile
     note, file = admin.predict(marker, "", "", "", "", "*", "csv", api_name="/export_conversations")
-    assert note == "已导出 2 条消息。"
+    assert note == "已导出 2 条消息。 请及时下载：文件在 10 分钟后从服务器删除。"
     path = file["value"] if isinstance(file, dict) and "value" in file else file
     rows = list(csv.DictReader(io.StringIO(Path(path if isinstance(path, str) else path["path"]).read_text())))
     assert [r["text"][:1] for r in rows] == ["'", rows[1]["text"][:1]]

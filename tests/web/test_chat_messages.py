@@ -14,7 +14,7 @@ CASES = [
     ("assistant", "  indented first line\n      and a deeper one\n    back\n\n", None),  # cleandoc'd by Gradio
     ("assistant", "\tTabbed\ttext\n\n\n", None),
     ("assistant", "", None),
-    ("assistant", "首字显示 951 毫秒 · 服务器开始回复 12 毫秒 · 已读资料复用 1024/1065", "1.0 秒内开始回复"),
+    ("assistant", "首字显示 951 毫秒 · 服务器开始回复 12 毫秒 · 已读资料复用 100%", "1.0 秒内开始回复"),
     ("assistant", "提示：<script>alert(1)</script> **bold**", None),
 ]
 
