@@ -58,6 +58,9 @@ MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
 CAPTION_TOKENS = re.compile(r"(\d+) ?/ ?(\d+)")  # the caption's details: what was read before, of the prompt
+# The caption as customers read it now: the share of the template's shared prefix read before (the same in every
+# arm of a split), counted here as cached tokens of a 100-token prompt: the hit column is that share.
+CAPTION_REUSED = re.compile(r"(?:已读资料复用|reading reused) (\d+)%")
 CAPTION_TTFT = re.compile(r"(?:server began replying|服务器开始回复|engine first token|引擎首 token) (\d+)")
 
 
@@ -167,7 +170,8 @@ def answer_text(messages: list) -> str:
 
 
 def caption_stats(messages: list) -> tuple[int, int, int] | None:
-    """(cached tokens, prompt tokens, engine TTFT ms) from the answer's caption, or None (no caption: a notice)."""
+    """(cached tokens, prompt tokens, engine TTFT ms) from the answer's caption (with its reused share: (percent,
+    100, ms)), or None (no caption: a notice)."""
     for m in reversed(messages):
         if m.get("role") == "user":
             return None
@@ -176,6 +180,8 @@ def caption_stats(messages: list) -> tuple[int, int, int] | None:
             tokens, ttft = CAPTION_TOKENS.search(text), CAPTION_TTFT.search(text)
             if tokens and ttft:
                 return int(tokens.group(1)), int(tokens.group(2)), int(ttft.group(1))
+            if ttft and (reused := CAPTION_REUSED.search(text)):
+                return int(reused.group(1)), 100, int(ttft.group(1))
             return None
     return None
 

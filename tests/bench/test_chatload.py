@@ -61,8 +61,9 @@ def test_the_chat_target_speaks_to_the_real_chat_page_as_a_browser_does(server_u
     (user,) = db["messages"].rows_where("role = 'user' and text = ?", [question])
     (answer,) = db["messages"].rows_where("conversation_id = ? and role = 'assistant'", [user["conversation_id"]])
     assert (answer["status"], answer["text"]) == ("ok", outcome.text)  # what the page showed is what was stored
-    assert (outcome.prompt_tokens, outcome.cached_tokens, outcome.engine_ttft_ms) == (
-        answer["prompt_tokens"], answer["num_cached_tokens"], round(answer["ttft_ms"]))
+    # The caption says the share of the template's shared prefix reused (the same in a split's arms), not tokens.
+    assert (outcome.prompt_tokens, outcome.engine_ttft_ms) == (100, round(answer["ttft_ms"]))
+    assert 0 <= outcome.cached_tokens <= 100 and (outcome.cached_tokens > 0) == (answer["num_cached_tokens"] > 0)
     assert outcome.updates >= 3  # the question, the answer's text, its caption
     assert timer.sent_at <= timer.first <= timer.last
     assert 0 < outcome.load_ms  # the page load came first
