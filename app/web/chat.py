@@ -46,7 +46,7 @@ from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
 from app.core.refusals import Refused
 from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
-from app.web.render import markdown_html
+from app.web.render import markdown_html, streaming_html
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
 STOP_SETTLE_S = 10.0  # how long a stop waits for the cancelled answer to be stored (a busy machine takes seconds)
@@ -748,7 +748,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
             conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
-            yield (base + [_message("assistant", shown_answer(event.text))], gr.skip(), conversation_id, session_key,
+            yield (base + [_message("assistant", shown_answer(event.text), streaming=True)], gr.skip(), conversation_id,
+                   session_key,
                    gr.skip())
         elif isinstance(event, Finished):
             # The conversation as stored, with no second read of the database: what was shown (stored messages,
@@ -771,7 +772,7 @@ def as_text(text: str) -> str:
 
 
 def _message(role: str, text: str, title: str | None = None, ref: int | None = None, *,
-             markdown: bool | None = None) -> dict:
+             markdown: bool | None = None, streaming: bool = False) -> dict:
     """A message as the chatbot's own format has it, exactly what Gradio's Chatbot.postprocess makes of
     ``{"role", "content", "metadata"}`` (it also tidies the text with inspect.cleandoc). An answer's text
     (``markdown``, by default an assistant's message with no caption title) is shown as safe Markdown
@@ -781,7 +782,7 @@ def _message(role: str, text: str, title: str | None = None, ref: int | None = N
     if markdown is None:
         markdown = role == "assistant" and not title
     text = inspect.cleandoc(text)
-    shown = markdown_html(text) if markdown else as_text(text)
+    shown = (streaming_html(text) if streaming else markdown_html(text)) if markdown else as_text(text)
     return {"role": role, "metadata": metadata, "content": [{"text": shown, "type": "text"}], "options": None}
 
 

@@ -40,11 +40,50 @@ _LINKABLE = re.compile(r"(?:https?://|mailto:)", re.IGNORECASE)
 def markdown_html(text: str) -> str:
     """``text`` (an answer, as Markdown) as HTML in a ``<div class="pd-md">``; as text in a
     ``<div class="pd-md pd-text">`` when it nests too deep to render whole."""
+    inner = _inner_html(text)
+    if inner is None:
+        return f'<div class="{WRAPPER_CLASS} {TEXT_CLASS}">{html.escape(text, quote=False)}</div>'
+    return f'<div class="{WRAPPER_CLASS}">{inner}</div>'
+
+
+def streaming_html(text: str) -> str:
+    """``markdown_html`` of an answer still being written, at a cost that does not grow with what was already
+    shown: its blocks up to the last blank line outside a code fence are settled, rendered once and kept
+    (_settled_html), and only the block being written is rendered at each update. Rendering the whole answer at
+    every update took 16% of a web process's time on the GPU host (docs/benchmarks.md). The finished answer is
+    rendered whole (markdown_html), which may join what a blank line split here (a loose list) or resolve a link
+    defined further on."""
+    cut = _settled_end(text)
+    head = _settled_html(text[:cut]) if cut else ""
+    tail = _inner_html(text[cut:])
+    if head is None or tail is None:
+        return markdown_html(text)
+    return f'<div class="{WRAPPER_CLASS}">{head}{tail}</div>'
+
+
+def _settled_end(text: str) -> int:
+    """Where the text after the last blank line that no open code fence holds begins (0: none)."""
+    end = text.rfind("\n\n")
+    while end > 0:
+        head = text[:end]
+        if head.count("```") % 2 == 0 and head.count("~~~") % 2 == 0:
+            return end + 2
+        end = text.rfind("\n\n", 0, end)
+    return 0
+
+
+@functools.lru_cache(maxsize=1024)
+def _settled_html(text: str) -> str | None:
+    return _inner_html(text)
+
+
+def _inner_html(text: str) -> str | None:
+    """The HTML of ``text``'s blocks, or None when it nests as deep as markdown-it's limit."""
     env: dict = {}
     tokens = _MD.parse(text, env)
     if any(token.level >= _MD.options.maxNesting - 1 for token in tokens):
-        return f'<div class="{WRAPPER_CLASS} {TEXT_CLASS}">{html.escape(text, quote=False)}</div>'
-    return f'<div class="{WRAPPER_CLASS}">{_MD.renderer.render(tokens, _MD.options, env)}</div>'
+        return None
+    return _MD.renderer.render(tokens, _MD.options, env)
 
 
 def _linkable(url: str) -> bool:
