@@ -134,6 +134,11 @@ class Desk:
         self.person_caps = person_caps  # PREFIXDESK_PERSON_WAITING_*: the person queue's caps
         # PREFIXDESK_FEEDBACK_PER_*: ratings and first-text times counted per client and browser
         self.feedback = feedback or FeedbackLimiter(per_client=0, per_session=0)
+        # The answers this desk is writing, from their turn's write to their row's end (ok, stopped or error): what
+        # a Stop awaits (settled_conversation). Turn writes in flight by session key (their answer ids are not
+        # known yet); then each answer's id, with an event set once its row is finished.
+        self._turn_writes: dict[str, set[asyncio.Future]] = {}
+        self._writing: dict[int, asyncio.Event] = {}
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -332,6 +337,26 @@ class Desk:
         return [_for_customer(m, self.shared_tokens(header.template, m.template_version_id),
                               own_namespace=bool(header.tenant)) for m in rows]
 
+    async def settled_conversation(self, *, session_key: str, conversation_id: int) -> list[MessageRow] | None:
+        """The conversation as ``conversation`` returns it, once every answer in it that this desk is writing has
+        been stored (ok, stopped or error), however long the store takes: what the page shows after a Stop, which
+        awaits the cancelled answer's own end rather than a deadline. A turn of this browser still being written
+        is awaited first (its answer may be the one stopped). An answer this desk is not writing (another process's,
+        or one left "generating" by a process that died) comes back as stored."""
+        await self.turns_written(session_key=session_key)
+        while True:
+            rows = await self.conversation(session_key=session_key, conversation_id=conversation_id)
+            pending = [self._writing[m.id] for m in rows or () if m.status == "generating" and m.id in self._writing]
+            if not pending:
+                return rows
+            await asyncio.wait({asyncio.ensure_future(e.wait()) for e in pending})
+
+    async def turns_written(self, *, session_key: str) -> None:
+        """Returns once the turns of this browser that this desk began storing are stored (or refused): a new
+        conversation a Stop cut off is then listed, and its answer known as being written."""
+        if begun := self._turn_writes.get(session_key):
+            await asyncio.wait(set(begun))
+
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
 
@@ -493,6 +518,10 @@ class Desk:
         the wait for them: the answer row of a question that was stored is then finished as stopped, never
         left "generating"."""
         write = asyncio.ensure_future(self.db.write(fn, **kwargs))
+        # Added before anything awaits the write, so the answer is known as being written before anyone learns the
+        # turn was stored.
+        self._turn_writes.setdefault(kwargs["session_key"], set()).add(write)
+        write.add_done_callback(partial(self._turn_written, kwargs["session_key"]))
         try:
             return await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -538,14 +567,31 @@ class Desk:
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
         return [Turn(m.role, m.text) for m in rows if m.text and (m.role == "user" or m.status in ("ok", "stopped"))]
 
+    def _turn_written(self, session_key: str, write: asyncio.Future) -> None:
+        writes = self._turn_writes.get(session_key, set())
+        writes.discard(write)
+        if not writes:
+            self._turn_writes.pop(session_key, None)
+        if write.cancelled() or write.exception() is not None:
+            return
+        turn = write.result()[0] if isinstance(write.result(), tuple) else write.result()
+        if turn.answer_id is not None:
+            self._writing[turn.answer_id] = asyncio.Event()
+
+    def _answer_written(self, answer_id: int, _write: asyncio.Future) -> None:
+        if (written := self._writing.pop(answer_id, None)) is not None:
+            written.set()
+
     async def _finish(self, answer_id: int, result: AnswerResult, template: TemplateInfo) -> MessageRow:
         """Store the answer's end and count it for /metrics under ``template`` (at whichever of its versions
         the row names)."""
         # Shielded: a second cancel must not leave the row "generating"; the write runs on its
-        # thread to the end either way.
+        # thread to the end either way, and its end (stored or failed) is the answer's end for settled_conversation.
+        write = asyncio.ensure_future(self.db.write(db_conversations.finish_answer, message_id=answer_id,
+                                                    result=result))
+        write.add_done_callback(partial(self._answer_written, answer_id))
         try:
-            row = await asyncio.shield(self.db.write(db_conversations.finish_answer, message_id=answer_id,
-                                                     result=result))
+            row = await asyncio.shield(write)
         except StoreError:
             log.exception("could not store answer %s (%s)", answer_id, result.status)
             raise

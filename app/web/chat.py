@@ -49,7 +49,6 @@ from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, re
 from app.web.render import markdown_html, streaming_html
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
-STOP_SETTLE_S = 10.0  # how long a stop waits for the cancelled answer to be stored (a busy machine takes seconds)
 STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
@@ -359,26 +358,21 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     @_calm(4)
     async def after_stop(conversation_id: Any, session_key: str, shown: list):
-        """The stored conversation once the cancelled answer has stored itself as stopped, and the sidebar's
-        list with it. A Stop that landed before the answer's first text finds the conversation it started
+        """The stored conversation once the cancelled answer has stored itself as stopped (awaited on its own
+        end, no deadline: app/core/desk.py settled_conversation), and the sidebar's list with it. A Stop that landed before the answer's first text finds the conversation it started
         (the page did not learn its id yet): the browser's newest, if it began a moment ago."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
         if key is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        await desk.turns_written(session_key=key)  # a question the Stop caught on its way is stored first
         listed = await desk.list_conversations(session_key=key)
         if conversation_id is None:
             newest = listed[0] if listed else None
             if newest is None or newest.num_messages > 2 or utcnow() - newest.created_at > STARTED_JUST_NOW:
                 return gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
             conversation_id = newest.id
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + STOP_SETTLE_S
-        while True:
-            rows = await desk.conversation(session_key=key, conversation_id=conversation_id) or []
-            if all(m.status != "generating" for m in rows) or loop.time() > deadline:
-                break
-            await asyncio.sleep(0.1)
+        rows = await desk.settled_conversation(session_key=key, conversation_id=conversation_id) or []
         messages = _history_messages(rows, t, language)
         return messages, messages, conversation_id, _choices(listed, t, conversation_id)
 

@@ -4,6 +4,7 @@ PostgreSQL runs when PREFIXDESK_TEST_POSTGRES_URL names a server where the user 
 (.ci/run starts Debian's PostgreSQL and sets it); each test gets a database of its own.
 """
 
+import asyncio
 import os
 import uuid
 from datetime import timedelta
@@ -208,17 +209,19 @@ def test_another_process_sees_a_publish_through_the_revision(fresh_db, services,
     fresh_db.run(db_templates.publish, name="新品", version=1, user="op", check_fits=NO_CHECK)
     assert "新品" not in [t.name for t in theirs.all()]
 
-    async def one_watch_round():
-        import asyncio
+    revision = fresh_db.run(db_templates.revision)
 
+    async def until_their_watch_refreshes():
+        # Until their catalog holds the new revision (its refresh sets it with the templates), not for a fixed
+        # 100 rounds of 50 ms: on a busy machine one refresh can take longer than that.
         watch = asyncio.ensure_future(theirs.watch(interval_s=0.05))
-        for _ in range(100):
-            await asyncio.sleep(0.05)
-            if "新品" in [t.name for t in theirs.all()]:
-                break
-        watch.cancel()
+        try:
+            while theirs.revision != revision:
+                await asyncio.sleep(0.05)
+        finally:
+            watch.cancel()
 
-    aio(one_watch_round())
+    aio(asyncio.wait_for(until_their_watch_refreshes(), 300), timeout=330)
     assert "新品" in [t.name for t in theirs.all()]
     assert theirs.revision == fresh_db.run(db_templates.revision)
     other.close()

@@ -3,6 +3,7 @@ top of each other, the controls that matter above the fold — and a screenshot 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
@@ -174,3 +175,48 @@ def pick(page, selector: str, label: str) -> None:
     """Choose ``label`` in the Gradio dropdown ``selector``."""
     page.locator(f"{selector} input").click()
     page.locator("ul[role=listbox] li").filter(has_text=label).first.click()
+
+
+ROWS_JS = """([selector, expected]) => {
+    const table = document.querySelector(selector);
+    if (!table) return false;
+    const rows = [];
+    for (const cell of table.querySelectorAll('[data-testid^="cell-"]')) {
+        const [, row, column] = cell.dataset.testid.match(/^cell-(\\d+)-(\\d+)$/) || [];
+        if (row !== undefined) (rows[+row] = rows[+row] || [])[+column] = cell.innerText.trim();
+    }
+    return rows.length === expected.length && expected.every((want, r) => rows[r] && rows[r].length === want.length
+        && want.every((cell, c) => cell === null || rows[r][c] === cell));
+}"""
+
+
+def wait_for_rows(page, selector: str, expected: list[list[str | None]], timeout_ms: int = 30_000) -> list[list[str]]:
+    """A Dataframe's rows once they are exactly ``expected`` (None: any text in that cell), as table_rows reads
+    them: a table an earlier event drew stays on screen until the event asked for has redrawn it. Raises
+    AssertionError with the rows shown last when ``timeout_ms`` passes first."""
+    try:
+        page.wait_for_function(ROWS_JS, arg=[selector, expected], timeout=timeout_ms)
+    except PlaywrightTimeoutError:
+        raise AssertionError(f"{selector} showed {table_rows(page, selector)}, not {expected}") from None
+    return table_rows(page, selector)
+
+
+def wait_for_text(page, selector: str, expected: str | re.Pattern, *, exact: bool = False,
+                  timeout_ms: int = 30_000) -> None:
+    """Until the element ``selector`` shows ``expected`` in its text as drawn (across its bold and links): within
+    it, all of it (``exact``), or matching it (a pattern, as JavaScript reads it). A component whose event is still
+    running shows Gradio's timer ("0.1s") inside it, and an earlier event's text stays until the next has drawn:
+    what a test reads must be waited for. Raises AssertionError with what it showed last when ``timeout_ms`` passes
+    first."""
+    how = "match" if isinstance(expected, re.Pattern) else "exact" if exact else "within"
+    wanted = expected.pattern if isinstance(expected, re.Pattern) else expected
+    try:
+        page.wait_for_function("""([selector, how, wanted]) => {
+            const text = document.querySelector(selector)?.innerText.trim();
+            if (text === undefined) return false;
+            return how === 'exact' ? text === wanted : how === 'within' ? text.includes(wanted)
+                : new RegExp(wanted).test(text);
+        }""", arg=[selector, how, wanted], timeout=timeout_ms)
+    except PlaywrightTimeoutError:
+        shown = page.locator(selector).first.inner_text() if page.locator(selector).count() else None
+        raise AssertionError(f"{selector} showed {shown!r}, not {expected!r}") from None

@@ -121,7 +121,10 @@ class AppProcess:
         self.proc = subprocess.Popen([sys.executable, "-m", "app"], cwd=ROOT, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT, process_group=0, preexec_fn=limit)
 
-    def wait_ready(self, timeout: float = 180) -> None:
+    def wait_ready(self, timeout: float = 600) -> None:
+        # A bound, not a wait: it returns as soon as /healthz answers. Under load (two busy loops and four other
+        # test runs beside it) a server took 2 min 9 s from seeding its templates to vLLM's first log line, and
+        # had not answered after 180 s.
         wait_until(self._healthy, timeout, lambda: f"the server to answer /healthz:\n{self.log()}", poll_s=0.5)
 
     def _healthy(self) -> bool:
@@ -161,6 +164,30 @@ class AppProcess:
     def log_lines(self) -> list[str]:
         """Every line of its log so far."""
         return self.log_path.read_text(errors="replace").splitlines()
+
+    def lines_logged_by(self, action, *, timeout_s: float = 60) -> list[str]:
+        """The lines its log gained while ``action()`` ran, up to a mark logged after it: however late the log is
+        written, a line ``action`` caused comes before the mark, so no fixed wait for it is needed. The mark is a
+        request to a route the server refuses and logs in one line; it and ``action`` each go a second after the
+        line before, since such refusals are logged one a second at most (a lower bound: load only lengthens it)."""
+        import time
+        import uuid
+
+        import httpx
+
+        time.sleep(1.1)
+        before = len(self.log_lines())
+        action()
+        time.sleep(1.1)
+        mark = f"/gradio_api/log-mark-{uuid.uuid4().hex[:12]}"
+        assert httpx.get(self.url.rstrip("/") + mark, timeout=30).status_code == 404
+
+        def up_to_the_mark() -> list[str] | None:
+            lines = self.log_lines()[before:]
+            return lines if any(mark in line for line in lines) else None
+
+        lines = wait_until(up_to_the_mark, timeout_s, f"the log line of {mark}")
+        return lines[:next(i for i, line in enumerate(lines) if mark in line)]
 
     def num_fds(self) -> int:
         """File descriptors the server process holds now."""

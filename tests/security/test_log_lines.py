@@ -10,8 +10,6 @@ traceback names it either.
 
 from __future__ import annotations
 
-import time
-
 import httpx
 
 from tests.helpers.attack import call_event, config
@@ -20,11 +18,7 @@ FORGED = "\r\n2026-12-01 09:00:00,000 ERROR app.console.access: operator admin l
 
 
 def new_lines(edge, action) -> list[str]:
-    time.sleep(1.1)  # the route guard logs one line a second at most: start a fresh second
-    before = len(edge.log_lines())
-    action()
-    time.sleep(0.5)
-    return edge.log_lines()[before:]
+    return edge.lines_logged_by(action)
 
 
 def test_a_path_with_newlines_is_one_log_line(edge):

@@ -36,7 +36,7 @@ def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> d
             return g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
         }""", arg=index, polling=20, timeout=60_000)
     page.locator("#stop").click(force=True)
-    caption(page, index).filter(has_text="Stopped").wait_for(timeout=30_000)
+    caption(page, index).filter(has_text="Stopped").wait_for(timeout=60_000)  # once the stop is stored
     rows = conversation(db, question)
     assert rows[-2]["text"] == question
     row = rows[-1]
