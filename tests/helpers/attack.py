@@ -1,7 +1,8 @@
 """Raw calls to Gradio's public queue, as any browser (or attacker) can make them.
 
-A Gradio session hash belongs to the cookie that first named it (app/web/sessions.py), so a caller
-keeps its cookies across the join and the stream, as a browser does: one ``httpx.Client`` per caller.
+A Gradio session hash belongs to the cookie that first named it (app/web/sessions.py), and only a cookie a
+page load handed out may name one, so a caller loads the page (or /config) first and keeps its cookies
+across the join and the stream, as a browser does: one ``httpx.Client`` per caller.
 """
 
 from __future__ import annotations
@@ -63,4 +64,5 @@ def call_event(url: str, fn_index: int, data: list, *, trigger_id: int | None = 
     session), and return every message it streams."""
     dep = {"id": fn_index, "targets": [[trigger_id]]}
     with httpx.Client(timeout=timeout, headers=headers, cookies=cookies) as client:
+        client.get(url + "config")  # as the page (or gradio_client) does first: the session cookie comes with it
         return run(client, url, dep, data, uuid.uuid4().hex)

@@ -37,6 +37,7 @@ def settings_for(data_dir: Path, **overrides):
         rate_limit_per_minute=0,
         max_streams_per_client=0,
         max_connections_per_client=0,
+        session_claims_per_minute=0,
         keep_warm_interval_s=0,
         engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )
@@ -189,6 +190,7 @@ class SecondServer:
         self.services = None
         self._server = None
         self._future = None
+        self.app = None  # the app it serves, once started
 
     def __enter__(self) -> str:
         from concurrent.futures import ThreadPoolExecutor
@@ -199,11 +201,15 @@ class SecondServer:
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        app = create_app(self.services, console_clock=self.console_clock)
+        app = self.app = create_app(self.services, console_clock=self.console_clock)
         self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
         wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
+
+    def idle(self) -> bool:
+        """Whether no request is in progress (each has ended, its log lines written)."""
+        return not self._server.server_state.tasks
 
     def __exit__(self, *exc) -> None:
         self._server.should_exit = True
