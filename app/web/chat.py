@@ -140,12 +140,14 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return refusal_text(exc.code, exc.params, language)
         return t["internal"]
 
-    def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "") -> tuple:
+    def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "", *,
+                key: str | None = "") -> tuple:
         """The screen after a refusal: the conversation as it was with the notice (which so replaces an earlier
         notice, never stacks on it), the shown state as it was, and ``message`` to hand back to the box (one the
-        box could hold; anything larger is nobody's typing)."""
+        box could hold; anything larger is nobody's typing). ``key`` None: the caller has no key this server
+        issued, and changes nothing of the session's state either."""
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
-        return shown + [_notice(text, t)], shown, conversation_id, session_key, back
+        return shown + [_notice(text, t)], gr.skip() if key is None else shown, conversation_id, session_key, back
 
     async def stored(key: str, conversation_id: int | None) -> tuple[list[dict], list[MessageRow]] | None:
         """The shown messages of a conversation this browser owns, and its rows; None when it has none such."""
@@ -255,7 +257,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                         default=None)
         index = change.index if type(change.index) is int else None
         if conversation_id is None or key is None or last_user is None:
-            yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key)
+            yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key, key=key)
             return
         if index != last_user:
             yield refused(shown, t["refusals"]["edit_last_only"], conversation_id, session_key)
@@ -286,13 +288,13 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown = own(shown, key)
         conversation_id = _conversation_id(conversation_id)
         if message is None or (isinstance(message, str) and not message.strip()):
-            yield refused(shown, t["empty"], conversation_id, session_key)
+            yield refused(shown, t["empty"], conversation_id, session_key, key=key)
             return
         try:  # type, rate and size, before anything keeps the message
             caller = caller_of(request)
             admitted = desk.admit(client=caller.address, message=message)
         except (TenantRefused, DeskInputError) as exc:
-            yield refused(shown, say(exc), conversation_id, session_key, message)
+            yield refused(shown, say(exc), conversation_id, session_key, message, key=key)
             return
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
             yield refused([], t["expired"], None, keys.mint_browser(), message)
@@ -314,7 +316,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown = own(shown, key)
         conversation_id = _conversation_id(conversation_id)
         if conversation_id is None or key is None:
-            yield refused(shown, t["nothing_to_retry"], conversation_id, session_key)
+            yield refused(shown, t["nothing_to_retry"], conversation_id, session_key, key=key)
             return
         try:
             caller = caller_of(request)

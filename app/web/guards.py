@@ -244,17 +244,9 @@ def event_data_fits(event_data, triggers: frozenset[str]) -> bool:
         if trigger not in EVENT_DATA_KEYS:
             return True  # a trigger of a shape this guard does not know: Gradio's to read (an object at least)
         required, optional = EVENT_DATA_KEYS[trigger]
-        if required <= keys <= required | optional and _plain_index(event_data["index"]) and \
-                type(event_data.get("selected", True)) is bool and type(event_data.get("liked", True)) in (bool, str):
+        if required <= keys <= required | optional:  # the values' types are the handler's to check
             return True
     return False
-
-
-def _plain_index(index) -> bool:
-    """An index as Gradio's components send it: an int, or [row, column] of ints (tables)."""
-    if type(index) is int:
-        return True
-    return isinstance(index, list) and len(index) == 2 and all(type(i) is int for i in index)
 
 
 def _one_query_value(scope, name: str) -> str | None:

@@ -4,7 +4,7 @@ Gradio names a session by a hash the client makes up, and sends it in URLs
 (``queue/data?session_hash=…``, ``heartbeat/<hash>``) that proxies and access logs keep. Whoever
 holds the hash could read the session's answers as they stream, end its events, or run events in
 it, with its state (and so read its conversations). So the hash is bound to a cookie: a page load
-without one gets ``pd_browser`` (32 random bytes, HttpOnly, SameSite=Strict, Secure over HTTPS);
+without one gets ``pd_browser`` (HttpOnly, SameSite=Strict, Secure over HTTPS);
 the first request that names a session hash records which cookie owns it; every later request
 naming that hash without that cookie is answered 403 before Gradio sees it.
 

@@ -74,7 +74,9 @@ def test_a_session_run_without_its_key_gets_nothing_of_its_state_and_the_state_d
     victim, session = page(url, "10.1.0.1"), uuid.uuid4().hex
     key = output(run(victim, url, load, ["", None], session))[0]
     with victim.stream("GET", url + f"gradio_api/heartbeat/{session}") as heartbeat:  # the page is open
-        assert heartbeat.status_code == 200 and next(heartbeat.iter_lines()) == "data: ALIVE"
+        alive = heartbeat.iter_lines()  # kept: a reader dropped would close the stream (the page) with it
+        assert heartbeat.status_code == 200 and next(alive) == "data: ALIVE"
+        assert not sessions.closed(session)
         asked = output(run(victim, url, send, ["我的订单 A7731 地址是幸福路 8 号", "电商客服", None, key, None], session))
         assert texts(asked[0])[0] == "我的订单 A7731 地址是幸福路 8 号"
         assert sessions.state(session)  # the conversation shown is kept on the server while the page is open
