@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from urllib.parse import parse_qs, parse_qsl, urlencode
 
 from starlette.requests import ClientDisconnect
@@ -58,6 +59,19 @@ EVENT_DATA_KEYS = {
     # EditData; the chatbot's page also sends the edited message as it will show it (_dispatch_value).
     "edit": (frozenset({"index", "value", "previous_value"}), frozenset({"_dispatch_value"})),
 }
+# Triggers whose page sends no event data (Gradio's components dispatch them without any; a chained event's is
+# null): an event of only these takes null. Other triggers (a tab's select, a change) send data of their own
+# (objects, values), which a handler that does not read it never sees: Gradio does not read it either.
+NO_DATA_TRIGGERS = frozenset({"click", "submit", "input", "focus", "blur", "clear", "load", "tick", "then",
+                              "success", "unload"})
+
+
+@dataclass(frozen=True)
+class EventTriggers:
+    """What an event's data may be: its triggers' names, and whether its handler reads the event's data."""
+
+    names: frozenset[str]
+    reads_data: bool
 
 # Gradio's page runs inline scripts (its config, the `js=` of the chat and of events, which it evaluates
 # with `new Function`), and its components set inline styles: script-src and style-src need
@@ -132,16 +146,15 @@ class GradioRoutes:
 
     def __init__(self, app, *, unqueued: dict[str, frozenset[int]] | None = None,
                  inputs: dict[str, dict[int, int]] | None = None,
-                 event_data: dict[str, dict[int, frozenset[str]]] | None = None,
+                 triggers: dict[str, dict[int, EventTriggers]] | None = None,
                  streams: dict[str, Callable[[str], bool]] | None = None):
         """Per mount: ``inputs``, each event's number of inputs (a body with fewer is refused here; an fn_index
-        not among them too); ``event_data``, the triggers of each event whose handler reads the event's data
-        (any other event takes none); ``streams``, whether a session hash has joined an event (its queue
-        stream exists)."""
+        not among them too); ``triggers``, each event's triggers (what its event data may be); ``streams``,
+        whether a session hash has joined an event (its queue stream exists)."""
         self.app = app
         self.unqueued = unqueued or {}
         self.inputs = inputs or {}
-        self.event_data = event_data or {}
+        self.triggers = triggers or {}
         self.streams = streams or {}
         self._refused = RateLimitedLog(log)
 
@@ -187,7 +200,7 @@ class GradioRoutes:
             data = value.get("data")
             if not (isinstance(data, list) and len(data) >= wanted):
                 return await self._refuse(scope, send, 400, too_few_values(wanted), f"event {fn_index}: too few values")
-            triggers = self.event_data.get(mount, {}).get(fn_index, frozenset())
+            triggers = self.triggers.get(mount, {}).get(fn_index, EventTriggers(frozenset(), False))
             if not event_data_fits(value.get("event_data"), triggers):
                 return await self._refuse(scope, send, 400, event_data_text(triggers),
                                           f"event {fn_index}: event data of another shape")
@@ -222,25 +235,29 @@ def too_few_values(wanted: int) -> str:
     return f"This event takes {wanted} values in its data list; send every one of them."
 
 
-def event_data_text(triggers: frozenset[str]) -> str:
+def event_data_text(triggers: EventTriggers) -> str:
     """What the event data of an event with ``triggers`` must be."""
-    shapes = sorted({" and ".join(sorted(EVENT_DATA_KEYS[t][0])) for t in triggers if t in EVENT_DATA_KEYS})
-    if not triggers:
-        return "This event takes no event_data: send null."
+    if not triggers.reads_data:
+        if triggers.names <= NO_DATA_TRIGGERS:
+            return "This event takes no event_data: send null."
+        return "This event's event_data is not read."  # never refused: any is accepted
+    shapes = sorted({" and ".join(sorted(EVENT_DATA_KEYS[t][0])) for t in triggers.names if t in EVENT_DATA_KEYS})
     if not shapes:
         return "This event's event_data must be a JSON object."
-    return f"This event's event_data must be a JSON object with {' or '.join(shapes)} (and no other keys than Gradio's)."
+    return (f"This event's event_data must be a JSON object with {' or '.join(shapes)} "
+            "(and no other keys than Gradio's).")
 
 
-def event_data_fits(event_data, triggers: frozenset[str]) -> bool:
-    """Whether ``event_data`` is what an event with ``triggers`` (those of its triggers whose handler reads the
-    data; none: the handler reads none) takes: null for none; else an object of one trigger's shape."""
-    if not triggers:
-        return event_data is None
+def event_data_fits(event_data, triggers: EventTriggers) -> bool:
+    """Whether ``event_data`` is what an event with ``triggers`` takes: for a handler that reads it, an object of
+    the shape one of its triggers' data has in Gradio; for an event whose triggers send none, null; else
+    anything (a trigger's data of its own, which neither the handler nor Gradio reads)."""
+    if not triggers.reads_data:
+        return event_data is None or not triggers.names <= NO_DATA_TRIGGERS
     if not isinstance(event_data, dict):
         return False
     keys = event_data.keys()
-    for trigger in triggers:
+    for trigger in triggers.names:
         if trigger not in EVENT_DATA_KEYS:
             return True  # a trigger of a shape this guard does not know: Gradio's to read (an object at least)
         required, optional = EVENT_DATA_KEYS[trigger]

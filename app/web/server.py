@@ -37,7 +37,7 @@ from app.engine import Engine, build_engine, resolve_model_path, resolve_tokeniz
 from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
 from app.web.connections import ConnectionLimits, guarded_protocol, raise_file_limit, total_connections
-from app.web.guards import SECURITY_HEADERS, GradioRoutes, RequestGuard
+from app.web.guards import SECURITY_HEADERS, EventTriggers, GradioRoutes, RequestGuard
 from app.web.openai_api import build_openai_router
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     # Behind the gate: a stranger learns nothing of the console's routes.
     app.add_middleware(GradioRoutes, unqueued={"": _unqueued(chat), "/admin": _unqueued(blocks)},
                        inputs={"": _inputs(chat), "/admin": _inputs(blocks)},
-                       event_data={"": _event_data(chat), "/admin": _event_data(blocks)},
+                       triggers={"": _triggers(chat), "/admin": _triggers(blocks)},
                        streams={"": _streams(chat), "/admin": _streams(blocks)})
     app.add_middleware(ConsoleGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
@@ -180,11 +180,11 @@ def _inputs(blocks: gr.Blocks) -> dict[int, int]:
     return {fn_id: len(fn.inputs) for fn_id, fn in blocks.fns.items()}
 
 
-def _event_data(blocks: gr.Blocks) -> dict[int, frozenset[str]]:
-    """The trigger names (``select``, ``like``, ``edit`` …) of each of ``blocks``' events whose handler reads the
-    event's data, by fn_index; the other events take none."""
-    return {fn_id: frozenset(name for _, name in fn.targets) for fn_id, fn in blocks.fns.items()
-            if fn.collects_event_data}
+def _triggers(blocks: gr.Blocks) -> dict[int, EventTriggers]:
+    """Each of ``blocks``' events' triggers (``click``, ``select``, ``like`` …) and whether its handler reads the
+    event's data, by fn_index."""
+    return {fn_id: EventTriggers(frozenset(name for _, name in fn.targets), fn.collects_event_data)
+            for fn_id, fn in blocks.fns.items()}
 
 
 def _streams(blocks: gr.Blocks):

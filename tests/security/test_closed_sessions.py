@@ -29,6 +29,7 @@ CLAIMS_PER_MINUTE = 5
 NOT_YOURS = {"detail": "这个会话属于另一个浏览器窗口：请刷新页面。"}
 TOO_MANY = {"detail": "这个浏览器一分钟内打开的页面太多了：请等一分钟再刷新页面。"}
 NOTHING_TO_RETRY = "提示：还没有可以重试的回答。"
+SECRET = "我的订单 A7731 地址是幸福路 8 号"
 
 
 class _Sessions:
@@ -77,8 +78,8 @@ def test_a_session_run_without_its_key_gets_nothing_of_its_state_and_the_state_d
         alive = heartbeat.iter_lines()  # kept: a reader dropped would close the stream (the page) with it
         assert heartbeat.status_code == 200 and next(alive) == "data: ALIVE"
         assert not sessions.closed(session)
-        asked = output(run(victim, url, send, ["我的订单 A7731 地址是幸福路 8 号", "电商客服", None, key, None], session))
-        assert texts(asked[0])[0] == "我的订单 A7731 地址是幸福路 8 号"
+        asked = output(run(victim, url, send, [SECRET, "电商客服", None, key, None], session))
+        assert texts(asked[0])[0] == SECRET
         assert sessions.state(session)  # the conversation shown is kept on the server while the page is open
         # Whoever runs an event in this session (its hash taken over) sends Retry with an empty key: the notice alone.
         for forged_key in ("", "b.forged.key"):
@@ -128,3 +129,16 @@ def test_new_claims_are_limited_per_cookie_and_per_address(server):
     assert claim(page(url, "10.3.0.2"), "flood-other")[0] == 200
     # The hashes refused were never bound: their owner is still whoever claims them first.
     assert claim(page(url, "10.3.0.3"), made_up[-1])[0] == 200
+
+
+def test_the_floods_refused_requests_claim_nothing(server):
+    url = server.url
+    flooder = page(url, "10.4.0.1")
+    made_up = [f"junk{i:04d}" for i in range(CLAIMS_PER_MINUTE * 2)]
+    for session in made_up:  # the flood: joins with an fn_index that is no event's (422 from Gradio, before)
+        r = flooder.post(url + "gradio_api/queue/join", json={"data": [], "fn_index": "x", "session_hash": session})
+        assert r.status_code == 400
+    # None of them was a claim: the flooder's claims are all left, and each of those hashes is still no one's.
+    claims = [flooder.post(url + "gradio_api/cancel", json={"session_hash": s, "fn_index": 0, "event_id": "x"})
+              for s in made_up[:CLAIMS_PER_MINUTE + 1]]
+    assert [r.status_code for r in claims] == [200] * CLAIMS_PER_MINUTE + [429]

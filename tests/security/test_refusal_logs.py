@@ -142,8 +142,8 @@ def test_event_data_on_an_event_that_takes_none_is_a_400_and_the_right_shapes_st
     client = page(server.url)
     cfg = config(server.url)
     send, rated = dependency(cfg, "send"), next(d for d in cfg["dependencies"] if d.get("api_name") == "rated")
-    body = {"data": ["你好", "电商客服", None, "", None], "fn_index": send["id"], "session_hash": uuid.uuid4().hex,
-            "event_data": {"index": 0, "value": "x"}, "trigger_id": send["targets"][0][0]}
+    body = {"data": ["你好", "电商客服", None, "", None], "fn_index": send["id"], "trigger_id": send["targets"][0][0],
+            "session_hash": uuid.uuid4().hex, "event_data": {"index": 0, "value": "x"}}
     r, lines = log_of(lambda: client.post(server.url + "gradio_api/queue/join", json=body))
     assert (r.status_code, r.json()) == (400, {"detail": "This event takes no event_data: send null."})
     assert len(lines) == 1 and "Traceback" not in lines[0], lines
