@@ -199,7 +199,8 @@ class GradioRoutes:
             wanted = events[fn_index]
             data = value.get("data")
             if not (isinstance(data, list) and len(data) >= wanted):
-                return await self._refuse(scope, send, 400, too_few_values(wanted), f"event {fn_index}: too few values")
+                return await self._refuse(scope, send, 400, too_few_values(wanted),
+                                          f"event {fn_index}: too few values")
             triggers = self.triggers.get(mount, {}).get(fn_index, EventTriggers(frozenset(), False))
             if not event_data_fits(value.get("event_data"), triggers):
                 return await self._refuse(scope, send, 400, event_data_text(triggers),

@@ -22,7 +22,10 @@ def dependency(cfg: dict, api_name: str) -> dict:
 
 
 def join(client: httpx.Client, url: str, dep: dict, data: list, session_hash: str) -> httpx.Response:
-    """Queue ``dep``'s event in the session ``session_hash``; the response of the join itself."""
+    """Queue ``dep``'s event in the session ``session_hash``; the response of the join itself. A client without
+    the page's cookie loads the page's config first, as a browser loads the page."""
+    if "pd_browser" not in client.cookies:
+        client.get(url + "config")
     body = {"data": data, "fn_index": dep["id"], "trigger_id": (dep.get("targets") or [[None]])[0][0],
             "session_hash": session_hash, "event_data": None}
     return client.post(url + "gradio_api/queue/join", json=body)
@@ -64,5 +67,4 @@ def call_event(url: str, fn_index: int, data: list, *, trigger_id: int | None = 
     session), and return every message it streams."""
     dep = {"id": fn_index, "targets": [[trigger_id]]}
     with httpx.Client(timeout=timeout, headers=headers, cookies=cookies) as client:
-        client.get(url + "config")  # as the page (or gradio_client) does first: the session cookie comes with it
         return run(client, url, dep, data, uuid.uuid4().hex)

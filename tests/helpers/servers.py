@@ -172,6 +172,8 @@ def app_env(data_dir: Path, **settings) -> dict[str, str]:
     env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_PORT": str(free_port()),
                 "PREFIXDESK_KV_CACHE_MIB": "64", "PREFIXDESK_MAX_TOKENS": "48",
                 "PREFIXDESK_MAX_MODEL_LEN": "2048", "GRADIO_ANALYTICS_ENABLED": "False",
+                # Every test client opens its pages from 127.0.0.1 (tests/security/test_closed_sessions.py limits it).
+                "PREFIXDESK_SESSION_CLAIMS_PER_MINUTE": "0",
                 "PYTHONUNBUFFERED": "1"})
     env.update({f"PREFIXDESK_{k.upper()}": str(v) for k, v in settings.items()})
     return env
