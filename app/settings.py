@@ -282,6 +282,9 @@ class Settings:
     request_arrival_timeout_s: float = _setting(20.0, "Seconds a client has to send a request's headers and body once "
                                                 "it has begun; a slower one is answered 408 and closed. Answers, "
                                                 "streamed or not, are not timed.", check=at_least(0.1, " seconds"))
+    session_claims_per_minute: int = _setting(30, "New chat or console pages (Gradio sessions) one browser cookie, and "
+                                              "one client address, may open a minute; more are answered 429. 0 "
+                                              "turns the limit off.", check=at_least(0))
     max_request_kib: int = _setting(1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
                                     "any work.", check=at_least(64))
     max_upload_mib: int = _setting(1, "Largest file an operator may upload to the console (template files), in MiB; "

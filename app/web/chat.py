@@ -8,7 +8,9 @@ as text, except answers (the model's and a person's), which are safe Markdown ma
 http(s) or mailto, so no message can draw a form or fetch an image. Nothing a browser sends is kept before
 the desk has taken it in: a refused message leaves the conversation state as it was (and goes back to the message box).
 Handlers stay thin: they check the session key (app/core/session_keys.py) and translate between
-Gradio's values and the Desk's events.
+Gradio's values and the Desk's events. The server-side state (the conversation shown) is returned only
+to a caller with a key this server issued (``own``): an event run without one — by whoever took over
+a session's hash — gets nothing of it back.
 
 Streaming is where the page spends its server's time, so its events do the least Gradio lets them
 (docs/benchmarks.md, "The chat path"): their outputs are the chatbot, the server-side states and the
@@ -140,12 +142,14 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return refusal_text(exc.code, exc.params, language)
         return t["internal"]
 
-    def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "") -> tuple:
+    def refused(shown: list, text: str, conversation_id, session_key: str, message: Any = "", *,
+                key: str | None = "") -> tuple:
         """The screen after a refusal: the conversation as it was with the notice (which so replaces an earlier
         notice, never stacks on it), the shown state as it was, and ``message`` to hand back to the box (one the
-        box could hold; anything larger is nobody's typing)."""
+        box could hold; anything larger is nobody's typing). ``key`` None: the caller has no key this server
+        issued, and changes nothing of the session's state either."""
         back = message if isinstance(message, str) and len(message) <= MAX_MESSAGE_CHARS else ""
-        return shown + [_notice(text, t)], shown, conversation_id, session_key, back
+        return shown + [_notice(text, t)], gr.skip() if key is None else shown, conversation_id, session_key, back
 
     async def stored(key: str, conversation_id: int | None) -> tuple[list[dict], list[MessageRow]] | None:
         """The shown messages of a conversation this browser owns, and its rows; None when it has none such."""
@@ -224,6 +228,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                             shown: list, request: gr.Request):
         """A suggested question the customer clicked, asked as if typed. The page names it by its place; the
         text is the topic's own (what the page sends as its text is not read)."""
+        shown = own(shown, keys.browser(session_key))
         questions = suggested(template)
         index = choice.index if type(choice.index) is int else -1
         if not 0 <= index < len(questions):
@@ -231,7 +236,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return
         clicked = choice.value.get("text") if isinstance(choice.value, dict) else None
         if clicked != questions[index]:  # the page showed other questions (changed since): it gets today's
-            yield empty_chat(template, list(shown or [])), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+            yield empty_chat(template, shown), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             return
         async for update in ask(questions[index], template, conversation_id, session_key, shown, request):
             yield update
@@ -239,9 +244,9 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     async def edit(change: gr.EditData, conversation_id: Any, session_key: str, shown: list, request: gr.Request):
         """The customer edited their last question: it is asked again as edited, and the new question and answer
         replace the old ones on screen (the old ones stay in the record). An earlier question cannot be edited."""
-        shown = list(shown or [])
-        conversation_id = _conversation_id(conversation_id)
         key = keys.browser(session_key)
+        shown = own(shown, key)
+        conversation_id = _conversation_id(conversation_id)
         found = None if key is None or conversation_id is None else \
             await desk.conversation(session_key=key, conversation_id=conversation_id)
         if conversation_id is not None and key is not None and found is None:  # not this browser's
@@ -254,7 +259,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                         default=None)
         index = change.index if type(change.index) is int else None
         if conversation_id is None or key is None or last_user is None:
-            yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key)
+            yield refused(shown, t["refusals"]["nothing_to_edit"], conversation_id, session_key, key=key)
             return
         if index != last_user:
             yield refused(shown, t["refusals"]["edit_last_only"], conversation_id, session_key)
@@ -281,18 +286,18 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     async def ask(message: Any, template: Any, conversation_id: Any, session_key: str, shown: list,
                   request: gr.Request):
-        shown = list(shown or [])
+        key = keys.browser(session_key)
+        shown = own(shown, key)
         conversation_id = _conversation_id(conversation_id)
         if message is None or (isinstance(message, str) and not message.strip()):
-            yield refused(shown, t["empty"], conversation_id, session_key)
+            yield refused(shown, t["empty"], conversation_id, session_key, key=key)
             return
         try:  # type, rate and size, before anything keeps the message
             caller = caller_of(request)
             admitted = desk.admit(client=caller.address, message=message)
         except (TenantRefused, DeskInputError) as exc:
-            yield refused(shown, say(exc), conversation_id, session_key, message)
+            yield refused(shown, say(exc), conversation_id, session_key, message, key=key)
             return
-        key = keys.browser(session_key)
         if key is None:  # not a key this server issued (a page from before its key changed, or forged): write nothing
             yield refused([], t["expired"], None, keys.mint_browser(), message)
             return
@@ -309,11 +314,11 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     async def answer_again(conversation_id: Any, session_key: str, shown: list, request: gr.Request, *,
                            go_on: bool):
         """Retry (a new answer to the last question) or Continue (``go_on``: the cut-off last answer goes on)."""
-        shown = list(shown or [])
-        conversation_id = _conversation_id(conversation_id)
         key = keys.browser(session_key)
+        shown = own(shown, key)
+        conversation_id = _conversation_id(conversation_id)
         if conversation_id is None or key is None:
-            yield refused(shown, t["nothing_to_retry"], conversation_id, session_key)
+            yield refused(shown, t["nothing_to_retry"], conversation_id, session_key, key=key)
             return
         try:
             caller = caller_of(request)
@@ -422,7 +427,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         replies from the last answer it shows; a full queue (the desk's caps) said in plain words."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
-        shown = list(shown or [])
+        shown = own(shown, key)
         if key is None or conversation_id is None:
             return shown + [_notice(t["person_first"], t)], gr.skip(), gr.skip(), gr.skip()
         try:
@@ -663,6 +668,13 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         # configures again for every new browser session.
         gr.api(api_chat, api_name="chat", concurrency_limit=None)
     return demo
+
+
+def own(shown: Any, key: str | None) -> list:
+    """The session's shown conversation for a caller with a key this server issued (``key``, checked); for
+    anyone else nothing of it: whoever runs an event in a session they took over without the page's key
+    reads none of the state the page left on the server."""
+    return list(shown) if key is not None and isinstance(shown, list) else []
 
 
 def _calm(num_outputs: int):

@@ -102,9 +102,13 @@ def guarded_protocol(limits: ConnectionLimits, arrival_timeout_s: float) -> type
     timed_out_log = RateLimitedLog(log)
     body = json.dumps({"detail": f"The request did not arrive within {arrival_timeout_s:g} s; send it again."},
                       separators=(",", ":")).encode()
-    timeout_response = b"".join([STATUS_LINE[408], b"content-type: application/json\r\n",
-                                 b"content-length: " + str(len(body)).encode() + b"\r\n",
-                                 b"connection: close\r\n\r\n", body])
+
+    def timeout_response(default_headers: list[tuple[bytes, bytes]]) -> bytes:
+        """The 408, with the headers uvicorn puts on every response (the security headers among them)."""
+        return b"".join([STATUS_LINE[408], *(name + b": " + value + b"\r\n" for name, value in default_headers),
+                         b"content-type: application/json\r\n",
+                         b"content-length: " + str(len(body)).encode() + b"\r\n",
+                         b"connection: close\r\n\r\n", body])
 
     class GuardedProtocol(HttpToolsProtocol):
         _address: str | None = None  # set once admitted
@@ -156,9 +160,10 @@ def guarded_protocol(limits: ConnectionLimits, arrival_timeout_s: float) -> type
             if self._received and not (self.cycle and self.cycle.response_started):
                 timed_out_log("closed a request from %s that did not arrive within %g s "
                               "(PREFIXDESK_REQUEST_ARRIVAL_TIMEOUT_S)", self._address, arrival_timeout_s)
-                self.transport.write(timeout_response)
+                self.transport.write(timeout_response(self.server_state.default_headers))
             if self.cycle is not None:
-                self.cycle.disconnected = True  # the app's receive() sees the client gone
+                # The app's receive() sees the client gone; a route still reading the body ends quietly (RequestGuard).
+                self.cycle.disconnected = True
             self.transport.close()
 
     return GuardedProtocol

@@ -6,12 +6,18 @@ every component's config and the last value every input was sent with — for
 sent, refused or not, for as long as the session lived (up to 10,000 sessions): 200 refused
 messages of 900 KB kept 197 MB; and building it cost every new session a config of every component.
 Here each session keeps only what the app's handlers use, and builds nothing it does not keep.
+
+A session's state also dies with its page. Gradio keeps a closed session's state for an hour, so that
+a page could come back to it; but its hash travels in URLs (proxy logs), and whoever took the hash
+over after the page closed would have run events with that state (the conversation the page showed).
+When a session's heartbeat ends (the page closed or lost its connection) its state is dropped, and
+nothing is kept for it afterwards: a page that comes back runs on empty state, and the chat's handlers
+take its conversation from the store again, as after a restart.
 """
 
 from __future__ import annotations
 
-import os
-from copy import copy
+from copy import copy, deepcopy
 from typing import Any
 
 import gradio as gr
@@ -36,10 +42,31 @@ class _Session(SessionState):
         self.config_values = {}
         self.state_data: dict[int, Any] = {}
         self._state_ttl = {}
-        self.is_closed = False
-        self.STATE_TTL_WHEN_CLOSED = 1 if os.getenv("GRADIO_IS_E2E_TEST", None) else 3600
+        self._closed = False
+        self.STATE_TTL_WHEN_CLOSED = 0
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    @is_closed.setter
+    def is_closed(self, closed: bool) -> None:
+        # Gradio sets it when the session's heartbeat ends (gradio/routes.py, heartbeat): the state goes now.
+        self._closed = closed
+        if closed:
+            self.state_data.clear()
+            self._state_ttl.clear()
+
+    def __getitem__(self, key: int) -> Any:
+        block = self.blocks_config.blocks[key]
+        if self._closed and block.stateful and key not in self.state_data:  # its initial value, not kept either
+            value = getattr(block, "value", None)
+            return deepcopy(value() if callable(value) else value)
+        return super().__getitem__(key)
 
     def __setitem__(self, key: int, value: Any) -> None:
+        if self._closed:  # an event still running when its page closed keeps nothing
+            return
         super().__setitem__(key, value)
         self.config_values.pop(key, None)
 

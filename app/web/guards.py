@@ -1,5 +1,12 @@
-"""ASGI guards in front of everything the server exposes: body sizes, security headers, no uploads to the
-chat, no deep links, and only the Gradio routes the pages use.
+"""ASGI guards in front of everything the server exposes: body sizes, no uploads to the chat, no deep links,
+and only the Gradio routes the pages use, with events whose every field is what Gradio expects.
+
+A refused request is answered with a short JSON body and writes one log line, never a traceback: every
+shape Gradio would fail on after it started answering (an fn_index given as "0" or 0.0, event data of
+the wrong shape, a stream of a session that never joined an event) is refused here, before it reads it.
+The security headers (SECURITY_HEADERS) are written by the server itself on every response
+(app/web/server.py, uvicorn_config): the app's, and those uvicorn writes on its own (a 400 for a
+malformed request, a 500, the arrival timeout's 408).
 """
 
 from __future__ import annotations
@@ -7,7 +14,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from urllib.parse import parse_qsl, urlencode
+from collections.abc import Callable
+from dataclasses import dataclass
+from urllib.parse import parse_qs, parse_qsl, urlencode
+
+from starlette.requests import ClientDisconnect
 
 from app.log_text import RateLimitedLog, printable
 
@@ -37,6 +48,30 @@ CHAT_FILE_ROUTES = ("/file=", "/file/")
 NOT_FOUND = b'{"detail":"Not Found"}'
 NO_FILES = "This chat accepts no files: send your question as text."
 PARSE_ON_THREAD_BYTES = 64 << 10  # larger event bodies are parsed off the event loop
+QUEUE_DATA = "/gradio_api/queue/data"
+# The event data of each trigger whose handler reads it, as gradio/events.py builds its EventData from the JSON
+# object the page sends: (keys it must have, keys it may have). Gradio reads the first ones with data[...], so an
+# object without one, or no object at all, failed the event with a traceback (and run/predict with a 500).
+EVENT_DATA_KEYS = {
+    "select": (frozenset({"index", "value"}), frozenset({"row_value", "col_value", "selected"})),  # SelectData
+    "example_select": (frozenset({"index", "value"}), frozenset({"row_value", "col_value", "selected"})),
+    "like": (frozenset({"index", "value"}), frozenset({"liked"})),  # LikeData
+    # EditData; the chatbot's page also sends the edited message as it will show it (_dispatch_value).
+    "edit": (frozenset({"index", "value", "previous_value"}), frozenset({"_dispatch_value"})),
+}
+# Triggers whose page sends no event data (Gradio's components dispatch them without any; a chained event's is
+# null): an event of only these takes null. Other triggers (a tab's select, a change) send data of their own
+# (objects, values), which a handler that does not read it never sees: Gradio does not read it either.
+NO_DATA_TRIGGERS = frozenset({"click", "submit", "input", "focus", "blur", "clear", "load", "tick", "then",
+                              "success", "unload"})
+
+
+@dataclass(frozen=True)
+class EventTriggers:
+    """What an event's data may be: its triggers' names, and whether its handler reads the event's data."""
+
+    names: frozenset[str]
+    reads_data: bool
 
 # Gradio's page runs inline scripts (its config, the `js=` of the chat and of events, which it evaluates
 # with `new Function`), and its components set inline styles: script-src and style-src need
@@ -64,7 +99,6 @@ class RequestGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        send = _with_security_headers(send)
         scope = without_deep_links(scope)
         if scope is None:
             return await _reject(send, 404, "Not Found")  # as GradioRoutes answers every route it does not serve
@@ -99,7 +133,10 @@ class RequestGuard:
                 started = True
             await send(event)
 
-        await self.app(scope, limited_receive, guarded_send)
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except ClientDisconnect:  # the body stopped coming (the client left, the 413 above, the arrival timeout's
+            return  # 408): nobody is there to answer, and the route that read it has nothing to log
 
 
 class GradioRoutes:
@@ -108,10 +145,17 @@ class GradioRoutes:
     outside the queue, the only ones run/predict may name."""
 
     def __init__(self, app, *, unqueued: dict[str, frozenset[int]] | None = None,
-                 inputs: dict[str, dict[int, int]] | None = None):
+                 inputs: dict[str, dict[int, int]] | None = None,
+                 triggers: dict[str, dict[int, EventTriggers]] | None = None,
+                 streams: dict[str, Callable[[str], bool]] | None = None):
+        """Per mount: ``inputs``, each event's number of inputs (a body with fewer is refused here; an fn_index
+        not among them too); ``triggers``, each event's triggers (what its event data may be); ``streams``,
+        whether a session hash has joined an event (its queue stream exists)."""
         self.app = app
         self.unqueued = unqueued or {}
-        self.inputs = inputs or {}  # per mount, each event's number of inputs: a body with fewer is refused here
+        self.inputs = inputs or {}
+        self.triggers = triggers or {}
+        self.streams = streams or {}
         self._refused = RateLimitedLog(log)
 
     async def __call__(self, scope, receive, send):
@@ -129,24 +173,49 @@ class GradioRoutes:
         elif not console and local.startswith(CHAT_FILE_ROUTES):
             return await self._not_found(scope, send)
         predict = local == CHAT_PREDICT
+        mount = CONSOLE if console else ""
+        if local == QUEUE_DATA and scope.get("method") == "GET" and mount in self.streams:
+            session_hash = _one_query_value(scope, "session_hash")
+            # Gradio answers a session that never joined an event with a 200, then fails its stream (two
+            # tracebacks). A hash that is not one (none, two, bad characters) is the session guard's to refuse.
+            if session_hash is not None and _plain_hash(session_hash) and not self.streams[mount](session_hash):
+                return await self._refuse(scope, send, 404, NO_STREAM, "no event joined in that session")
         if local in (CHAT_JOIN, CHAT_PREDICT) and scope.get("method") == "POST":
             body = await _whole_body(receive)
             if body is None:
                 return
-            mount = CONSOLE if console else ""
             value = await _parsed(body)
-            fn_index = _fn_index(value)
+            if not isinstance(value, dict):
+                return await self._refuse(scope, send, 400, NOT_AN_OBJECT, "the body is not a JSON object")
+            fn_index = value.get("fn_index")
+            events = self.inputs.get(mount, {})
+            if type(fn_index) is not int or fn_index not in events:  # "0", 0.0, true: Gradio took them for 0
+                if predict:
+                    return await self._not_found(scope, send)
+                return await self._refuse(scope, send, 400, NO_SUCH_EVENT, f"fn_index {printable(fn_index, 40)}")
             if predict and fn_index not in self.unqueued.get(mount, ()):
                 return await self._not_found(scope, send)
             # Gradio fails an event sent fewer values than it has inputs with a 500 and a traceback in the log.
-            wanted = self.inputs.get(mount, {}).get(fn_index)
-            data = value.get("data") if isinstance(value, dict) else None
-            if wanted is not None and not (isinstance(data, list) and len(data) >= wanted):
-                return await _reject(send, 400, too_few_values(wanted))
+            wanted = events[fn_index]
+            data = value.get("data")
+            if not (isinstance(data, list) and len(data) >= wanted):
+                return await self._refuse(scope, send, 400, too_few_values(wanted),
+                                          f"event {fn_index}: too few values")
+            triggers = self.triggers.get(mount, {}).get(fn_index, EventTriggers(frozenset(), False))
+            if not event_data_fits(value.get("event_data"), triggers):
+                return await self._refuse(scope, send, 400, event_data_text(triggers),
+                                          f"event {fn_index}: event data of another shape")
             if not console and _names_a_file(body, value):
-                return await _reject(send, 400, NO_FILES)
+                return await self._refuse(scope, send, 400, NO_FILES, f"event {fn_index}: a file")
             receive = _replay(body, receive)
         await self.app(scope, receive, send)
+
+    async def _refuse(self, scope, send, status: int, message: str, why: str) -> None:
+        """Answer ``status`` with ``message``, and one log line (no traceback) saying whom and ``why``."""
+        client = (scope.get("client") or ("?",))[0]
+        log.warning("refused %s %s from %s with %d: %s", scope.get("method", "?"), printable(scope.get("path", "")),
+                    client, status, why)
+        await _reject(send, status, message)
 
     async def _not_found(self, scope, send) -> None:
         client = (scope.get("client") or ("?",))[0]
@@ -158,8 +227,53 @@ class GradioRoutes:
         await send({"type": "http.response.body", "body": NOT_FOUND})
 
 
+NO_STREAM = "This session has no event waiting: join one (queue/join) before reading its stream."
+NOT_AN_OBJECT = "The body must be a JSON object with data, fn_index and session_hash."
+NO_SUCH_EVENT = "fn_index must be the number (an integer) of one of this page's events, as its config lists them."
+
+
 def too_few_values(wanted: int) -> str:
     return f"This event takes {wanted} values in its data list; send every one of them."
+
+
+def event_data_text(triggers: EventTriggers) -> str:
+    """What the event data of an event with ``triggers`` must be."""
+    if not triggers.reads_data:
+        if triggers.names <= NO_DATA_TRIGGERS:
+            return "This event takes no event_data: send null."
+        return "This event's event_data is not read."  # never refused: any is accepted
+    shapes = sorted({" and ".join(sorted(EVENT_DATA_KEYS[t][0])) for t in triggers.names if t in EVENT_DATA_KEYS})
+    if not shapes:
+        return "This event's event_data must be a JSON object."
+    return (f"This event's event_data must be a JSON object with {' or '.join(shapes)} "
+            "(and no other keys than Gradio's).")
+
+
+def event_data_fits(event_data, triggers: EventTriggers) -> bool:
+    """Whether ``event_data`` is what an event with ``triggers`` takes: for a handler that reads it, an object of
+    the shape one of its triggers' data has in Gradio; for an event whose triggers send none, null; else
+    anything (a trigger's data of its own, which neither the handler nor Gradio reads)."""
+    if not triggers.reads_data:
+        return event_data is None or not triggers.names <= NO_DATA_TRIGGERS
+    if not isinstance(event_data, dict):
+        return False
+    keys = event_data.keys()
+    for trigger in triggers.names:
+        if trigger not in EVENT_DATA_KEYS:
+            return True  # a trigger of a shape this guard does not know: Gradio's to read (an object at least)
+        required, optional = EVENT_DATA_KEYS[trigger]
+        if required <= keys <= required | optional:  # the values' types are the handler's to check
+            return True
+    return False
+
+
+def _one_query_value(scope, name: str) -> str | None:
+    values = parse_qs(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True).get(name)
+    return values[0] if values and len(values) == 1 else None
+
+
+def _plain_hash(session_hash: str) -> bool:
+    return 0 < len(session_hash) <= 64 and all(c.isascii() and (c.isalnum() or c in "-_") for c in session_hash)
 
 
 async def _parsed(body: bytes):
@@ -169,12 +283,6 @@ async def _parsed(body: bytes):
         return json.loads(body) if len(body) < PARSE_ON_THREAD_BYTES else await asyncio.to_thread(json.loads, body)
     except (ValueError, RecursionError):
         return None
-
-
-def _fn_index(value) -> int | None:
-    """The event a body names (its fn_index, an int), or None."""
-    index = value.get("fn_index") if isinstance(value, dict) else None
-    return index if type(index) is int else None
 
 
 async def _whole_body(receive) -> bytes | None:
@@ -219,17 +327,6 @@ def _names_a_file(body: bytes, value) -> bool:
         elif isinstance(item, list):
             pending.extend(item)
     return False
-
-
-def _with_security_headers(send):
-    async def send_with_headers(event):
-        if event["type"] == "http.response.start":
-            present = {name.lower() for name, _ in event.get("headers") or []}
-            extra = [(name, value) for name, value in SECURITY_HEADERS if name not in present]
-            event = {**event, "headers": [*event.get("headers", []), *extra]}
-        await send(event)
-
-    return send_with_headers
 
 
 def without_deep_links(scope) -> dict | None:

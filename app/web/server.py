@@ -40,7 +40,7 @@ from app.engine import Engine, build_engine, resolve_model_path, resolve_tokeniz
 from app.log_text import RateLimitedLog
 from app.settings import Settings, SettingsError
 from app.web.connections import ConnectionLimits, guarded_protocol, raise_file_limit, total_connections
-from app.web.guards import GradioRoutes, RequestGuard
+from app.web.guards import SECURITY_HEADERS, EventTriggers, GradioRoutes, RequestGuard
 from app.web.metrics_route import build_metrics_router
 from app.web.openai_api import build_openai_router
 
@@ -171,10 +171,14 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
-    app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language)
+    app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language,
+                       secret=_secret(settings, "pd-browser.key").encode(),
+                       claims_per_minute=settings.session_claims_per_minute)
     # Behind the gate: a stranger learns nothing of the console's routes.
     app.add_middleware(GradioRoutes, unqueued={"": _unqueued(chat), "/admin": _unqueued(blocks)},
-                       inputs={"": _inputs(chat), "/admin": _inputs(blocks)})
+                       inputs={"": _inputs(chat), "/admin": _inputs(blocks)},
+                       triggers={"": _triggers(chat), "/admin": _triggers(blocks)},
+                       streams={"": _streams(chat), "/admin": _streams(blocks)})
     app.add_middleware(ConsoleGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
@@ -189,6 +193,18 @@ def _unqueued(blocks: gr.Blocks) -> frozenset[int]:
 def _inputs(blocks: gr.Blocks) -> dict[int, int]:
     """How many inputs each of ``blocks``' events takes, by fn_index."""
     return {fn_id: len(fn.inputs) for fn_id, fn in blocks.fns.items()}
+
+
+def _triggers(blocks: gr.Blocks) -> dict[int, EventTriggers]:
+    """Each of ``blocks``' events' triggers (``click``, ``select``, ``like`` …) and whether its handler reads the
+    event's data, by fn_index."""
+    return {fn_id: EventTriggers(frozenset(name for _, name in fn.targets), fn.collects_event_data)
+            for fn_id, fn in blocks.fns.items()}
+
+
+def _streams(blocks: gr.Blocks):
+    """Whether a session hash has a queue stream in ``blocks`` (it joined an event): Gradio's own record of it."""
+    return lambda session_hash: session_hash in blocks._queue.pending_messages_per_session
 
 
 def _console_folder() -> Path:
@@ -307,8 +323,10 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
     # would otherwise believe X-Forwarded-For from any local peer. No page uses a WebSocket (Gradio streams
     # over SSE), and an upgraded connection would leave the guarded protocol. uvicorn's loggers write
     # through the process's handlers (python -m app: one escaped line per record).
+    # The security headers go on every response uvicorn writes: the app's, and its own 400s, 500s and 408s.
     options = dict(host=settings.host, port=settings.port, log_level="warning", timeout_graceful_shutdown=5,
                    proxy_headers=False, server_header=False, lifespan="on", ws="none", log_config=None,
+                   headers=[(name.decode(), value.decode()) for name, value in SECURITY_HEADERS],
                    http=guarded_protocol(limits, settings.request_arrival_timeout_s))
     return uvicorn.Config(app, **(options | overrides))
 

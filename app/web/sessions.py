@@ -4,24 +4,32 @@ Gradio names a session by a hash the client makes up, and sends it in URLs
 (``queue/data?session_hash=…``, ``heartbeat/<hash>``) that proxies and access logs keep. Whoever
 holds the hash could read the session's answers as they stream, end its events, or run events in
 it, with its state (and so read its conversations). So the hash is bound to a cookie: a page load
-without one gets ``pd_browser`` (32 random bytes, HttpOnly, SameSite=Strict, Secure over HTTPS);
+without one gets ``pd_browser`` (HttpOnly, SameSite=Strict, Secure over HTTPS);
 the first request that names a session hash records which cookie owns it; every later request
 naming that hash without that cookie is answered 403 before Gradio sees it.
 
+A claim costs something a stranger cannot make up: the cookie is a random id and its HMAC under a
+key of the server's (``pd-browser.key`` in the data dir, shared by every web process), handed out
+only by a page load, and a request naming a session nobody owns yet is answered 403 without one. New
+claims are limited per cookie and per client address (PREFIXDESK_SESSION_CLAIMS_PER_MINUTE, 429
+past it): the owners of idle sessions are forgotten only after MAX_BOUND_SESSIONS newer claims, and
+one address may no longer make those up by the hundred thousand to free a closed page's hash.
+
 Scripts: gradio_client keeps the cookies of the /config it fetches first, so it works unchanged. A
-script speaking HTTP itself must keep cookies (a cookie jar, e.g. one ``httpx.Client``) from its
-first response on; its first request naming a session hash may come without one and gets it.
-A page opened from a link on another site is sent no SameSite=Strict cookie, so it gets a new one;
-tabs already open on the old cookie are then told to reload.
+script speaking HTTP itself must load the page (or /config) first and keep cookies (a cookie jar, e.g.
+one ``httpx.Client``) from that response on. A page opened from a link on another site is sent no
+SameSite=Strict cookie, so it gets a new one; tabs already open on the old cookie are then told to reload.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import re
 import secrets
 from collections import OrderedDict
@@ -29,14 +37,18 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs
 
 from app.core.callers import ProxyTrust
+from app.core.limits import ClientLimiter, RateLimited
+from app.log_text import RateLimitedLog, printable
 from app.web.chat_text import TEXT
+
+log = logging.getLogger(__name__)
 
 COOKIE = "pd_browser"
 MOUNTS = ("/admin", "")  # the console's Gradio app, then the chat's (the longer prefix first)
 PAGES = {"/", "/config", "/admin/", "/admin/config"}  # a browser or gradio_client gets its cookie here
 MAX_BOUND_SESSIONS = 100_000  # owners remembered; the oldest idle ones are forgotten first
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on a thread
-_COOKIE_VALUE = re.compile(rb"[A-Za-z0-9_-]{43}")
+_COOKIE_VALUE = re.compile(rb"([A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{22})")  # a random id, its HMAC
 _SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BODY_ROUTES = ("queue/join", "cancel", "component_server")  # POST bodies that name a session hash
 _BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
@@ -45,20 +57,27 @@ _BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
 class SessionGuard:
     """ASGI middleware: requests naming a Gradio session hash need the cookie of the browser that owns it."""
 
-    def __init__(self, app, *, trust: ProxyTrust, language: str, capacity: int = MAX_BOUND_SESSIONS):
+    def __init__(self, app, *, trust: ProxyTrust, language: str, secret: bytes, claims_per_minute: int,
+                 capacity: int = MAX_BOUND_SESSIONS):
+        """``secret``: the key of the cookies' HMAC; ``claims_per_minute``: new sessions one cookie, and one
+        client address, may claim a minute (0: no limit)."""
         self.app = app
         self.trust = trust
         self.text = TEXT[language]
+        self.secret = secret
         self.owners = SessionOwners(capacity)
+        self.claims_by_cookie = ClientLimiter(per_minute=claims_per_minute, concurrent=0)
+        self.claims_by_address = ClientLimiter(per_minute=claims_per_minute, concurrent=0)
+        self._refused = RateLimitedLog(log)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        cookie = _cookie(scope)
+        cookie = _cookie(scope, self.secret)
         route = _session_route(scope["method"], scope["path"])
         if route is None:
             if cookie is None and scope["method"] == "GET" and scope["path"] in PAGES:
-                send = self._giving_cookie(scope, send, _new_cookie())
+                send = self._giving_cookie(scope, send, _new_cookie(self.secret))
             return await self.app(scope, receive, send)
         mount, where = route
         if where == "body":
@@ -75,14 +94,34 @@ class SessionGuard:
             return await self.app(scope, receive, send)
         if not isinstance(session_hash, str) or not _SESSION_HASH.fullmatch(session_hash):
             return await _refuse(send, 400, self.text["session_hash_invalid"])
-        if cookie is None:
-            cookie = _new_cookie()
-            send = self._giving_cookie(scope, send, cookie)
         key = (mount, session_hash)
-        if not self.owners.claim(key, _digest(cookie)):
-            return await _refuse(send, 403, self.text["session_not_yours"])
+        if cookie is None:  # no cookie of a page load: it owns nothing and may claim nothing
+            return await self._refuse(scope, send, 403, "session_not_yours", "no cookie of this server's")
+        digest = _digest(cookie)
+        if key not in self.owners:
+            try:
+                self.claims_by_cookie.check_rate(digest.hex())
+                self.claims_by_address.check_rate(self._address(scope))
+            except RateLimited:
+                return await self._refuse(scope, send, 429, "session_claims", "too many new sessions "
+                                          "(PREFIXDESK_SESSION_CLAIMS_PER_MINUTE)")
+        if not self.owners.claim(key, digest):
+            return await self._refuse(scope, send, 403, "session_not_yours", "another browser's session")
         with self.owners.in_use(key):
             await self.app(scope, receive, send)
+
+    async def _refuse(self, scope, send, status: int, text: str, why: str) -> None:
+        self._refused("refused %s %s from %s with %d: %s", scope["method"], printable(scope["path"]),
+                      self._address(scope), status, why)
+        await _refuse(send, status, self.text[text])
+
+    def _address(self, scope) -> str:
+        """The client's address, as every per-client limit keys it (a trusted proxy's forwarded one)."""
+        peer = (scope.get("client") or ("",))[0]
+        header = self.trust.forwarded_header.encode("latin-1")
+        forwarded = {self.trust.forwarded_header: v.decode("latin-1")
+                     for k, v in scope.get("headers") or [] if k == header and self.trust.forwarded_header}
+        return self.trust.caller(peer, forwarded).address
 
     def _giving_cookie(self, scope, send, cookie: bytes):
         secure = "; Secure" if _https(scope, self.trust) else ""
@@ -111,6 +150,9 @@ class SessionOwners:
 
     def __len__(self) -> int:
         return len(self._owners)
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        return key in self._owners
 
     def claim(self, key: tuple[str, str], digest: bytes) -> bool:
         """True when ``digest``'s cookie owns ``key`` (the first to name it does); False for anyone else."""
@@ -204,20 +246,26 @@ def _hash_in_query(scope) -> object:
     return values[0] if len(values) == 1 else ""  # two hashes in one request are refused as invalid
 
 
-def _cookie(scope) -> bytes | None:
-    """The request's pd_browser cookie, when it has one of the form this guard issues."""
+def _cookie(scope, secret: bytes) -> bytes | None:
+    """The request's pd_browser cookie, when it is one this server issued (its HMAC checks out)."""
     for name, value in scope.get("headers") or []:
         if name != b"cookie":
             continue
         for part in value.split(b";"):
             key, _, v = part.strip().partition(b"=")
-            if key == COOKIE.encode() and _COOKIE_VALUE.fullmatch(v):
+            match = _COOKIE_VALUE.fullmatch(v) if key == COOKIE.encode() else None
+            if match and hmac.compare_digest(match.group(2), _mac(secret, match.group(1))):
                 return v
     return None
 
 
-def _new_cookie() -> bytes:
-    return secrets.token_urlsafe(32).encode()
+def _new_cookie(secret: bytes) -> bytes:
+    nonce = secrets.token_urlsafe(16).encode()
+    return nonce + b"." + _mac(secret, nonce)
+
+
+def _mac(secret: bytes, nonce: bytes) -> bytes:
+    return base64.urlsafe_b64encode(hmac.digest(secret, b"pd_browser:" + nonce, "sha256")[:16]).rstrip(b"=")
 
 
 def _digest(cookie: bytes) -> bytes:

@@ -1,7 +1,8 @@
 """Raw calls to Gradio's public queue, as any browser (or attacker) can make them.
 
-A Gradio session hash belongs to the cookie that first named it (app/web/sessions.py), so a caller
-keeps its cookies across the join and the stream, as a browser does: one ``httpx.Client`` per caller.
+A Gradio session hash belongs to the cookie that first named it (app/web/sessions.py), and only a cookie a
+page load handed out may name one, so a caller loads the page (or /config) first and keeps its cookies
+across the join and the stream, as a browser does: one ``httpx.Client`` per caller.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ def dependency(cfg: dict, api_name: str) -> dict:
 
 
 def join(client: httpx.Client, url: str, dep: dict, data: list, session_hash: str) -> httpx.Response:
-    """Queue ``dep``'s event in the session ``session_hash``; the response of the join itself."""
+    """Queue ``dep``'s event in the session ``session_hash``; the response of the join itself. A client without
+    the page's cookie loads the page's config first, as a browser loads the page."""
+    if "pd_browser" not in client.cookies:
+        client.get(url + "config")
     body = {"data": data, "fn_index": dep["id"], "trigger_id": (dep.get("targets") or [[None]])[0][0],
             "session_hash": session_hash, "event_data": None}
     return client.post(url + "gradio_api/queue/join", json=body)

@@ -42,6 +42,7 @@ def settings_for(data_dir: Path, **overrides):
         person_waiting_max=0,
         feedback_per_client=0,
         feedback_per_session=0,
+        session_claims_per_minute=0,
         keep_warm_interval_s=0,
         engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
     )
@@ -203,6 +204,8 @@ def app_env(data_dir: Path, **settings) -> dict[str, str]:
     env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_PORT": str(free_port()),
                 "PREFIXDESK_KV_CACHE_MIB": "64", "PREFIXDESK_MAX_TOKENS": "48",
                 "PREFIXDESK_MAX_MODEL_LEN": "2048", "GRADIO_ANALYTICS_ENABLED": "False",
+                # Every test client opens its pages from 127.0.0.1 (tests/security/test_closed_sessions.py limits it).
+                "PREFIXDESK_SESSION_CLAIMS_PER_MINUTE": "0",
                 "PYTHONUNBUFFERED": "1"})
     env.update({f"PREFIXDESK_{k.upper()}": str(v) for k, v in settings.items()})
     return env
@@ -221,6 +224,7 @@ class SecondServer:
         self.services = None
         self._server = None
         self._future = None
+        self.app = None  # the app it serves, once started
 
     def __enter__(self) -> str:
         from concurrent.futures import ThreadPoolExecutor
@@ -231,11 +235,15 @@ class SecondServer:
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        app = create_app(self.services, console_clock=self.console_clock)
+        app = self.app = create_app(self.services, console_clock=self.console_clock)
         self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
         wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
+
+    def idle(self) -> bool:
+        """Whether no request is in progress (each has ended, its log lines written)."""
+        return not self._server.server_state.tasks
 
     def __exit__(self, *exc) -> None:
         self._server.should_exit = True

@@ -110,6 +110,7 @@ def test_an_event_sent_fewer_values_than_its_inputs_is_refused_in_words_and_logs
 
     def send_too_few():
         with httpx.Client(timeout=30) as browser:
+            browser.get(edge.url + "config")  # the session cookie: the page load below names a session
             for route, dep in (("run/predict", load), ("queue/join", send)):
                 for data in ([], [""] * (len(dep["inputs"]) - 1), "not a list", None):
                     r = browser.post(f"{edge.url}gradio_api/{route}", json={

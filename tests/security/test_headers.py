@@ -5,11 +5,14 @@ console under a decoy (clickjacking an operator into a reset), and markup that r
 load a remote image (a beacon telling its owner who read it, and when).
 After: every response says ``X-Frame-Options: DENY`` and a CSP with ``frame-ancestors 'none'``,
 ``img-src 'self' data: blob:`` and ``connect-src 'self'``; the chat and the console render and work
-under it in chromium with no violation reported.
+under it in chromium with no violation reported. The server writes them itself, so the answers no route
+writes carry them too: uvicorn's own 400 for a malformed request, a guard's refusal (the 408 of a body
+that comes too slowly: tests/security/test_refusal_logs.py).
 """
 
 from __future__ import annotations
 
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -59,6 +62,32 @@ def test_every_page_forbids_framing_and_remote_images(server_url, services):
     assert directives["img-src"] == ["'self'", "data:", "blob:"]
     assert directives["connect-src"] == ["'self'"]
     assert directives["object-src"] == ["'none'"]
+
+
+def raw_answer(url: str, request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """The status line and headers of the server's answer to ``request``, sent as bytes on a socket of its own."""
+    port = int(url.rstrip("/").rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(request)
+        answer = b""
+        while b"\r\n\r\n" not in answer and (chunk := sock.recv(65536)):
+            answer += chunk
+    status, _, rest = answer.partition(b"\r\n")
+    return status, [tuple(line.split(b": ", 1)) for line in rest.split(b"\r\n\r\n", 1)[0].split(b"\r\n")]
+
+
+def test_answers_no_route_writes_carry_the_headers_too(server_url):
+    session_route = b"GET /gradio_api/heartbeat/nobody HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    for request, expected in ((b"NOT HTTP AT ALL\r\n\r\n", b"HTTP/1.1 400 Bad Request"),  # uvicorn's own
+                              (session_route, b"HTTP/1.1 403 Forbidden"),  # the session guard's (no cookie)
+                              (b"GET /gradio_api/dev/reload HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+                               b"HTTP/1.1 404 Not Found")):  # the route guard's
+        status, pairs = raw_answer(server_url, request)
+        headers = dict(pairs)
+        assert status == expected
+        assert (headers[b"x-frame-options"], headers[b"x-content-type-options"]) == (b"DENY", b"nosniff"), request
+        assert b"frame-ancestors 'none'" in headers[b"content-security-policy"]
+        assert [name for name, _ in pairs].count(b"x-frame-options") == 1  # once, not once per layer
 
 
 def violations(page) -> list[str]:
