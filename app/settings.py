@@ -189,9 +189,10 @@ class Settings:
                                       "app subscribes to; tcp://*:PORT means a publisher on all of this host's "
                                       "addresses (reached at 127.0.0.1). Empty: no per-replica residency.",
                                       check=_parsed_by(kv_event_sources))
-    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold unfinished requests without computing "
-                                             "a token (however slowly their answers are read) before /healthz "
-                                             "reports it down and it is restarted as after a crash.",
+    engine_stall_timeout_s: float = _setting(30.0, "Seconds an engine may hold unfinished requests without finishing "
+                                             "a step (a chunk of a prompt counts; however slowly their answers are "
+                                             "read) before /healthz reports it down and it is restarted as after a "
+                                             "crash.",
                                              check=at_least(1, " second"))
     tokenizer: str = _setting("", "Tokenizer id or path, when it differs from the model. Empty: the model's own; "
                               "for a Baichuan2 folder, its tokenizer.model converted to a fast tokenizer with the "
@@ -216,7 +217,8 @@ class Settings:
                                    check=_kv_cache_dtype)
     max_num_seqs: int = _setting(0, "Most requests vLLM runs at once; 0 picks 64 on CPU and 1024 on GPU.",
                                  check=at_least(0))
-    max_num_batched_tokens: int = _setting(0, "Token budget of one engine step; 0 picks 4096 on CPU, 16384 on GPU.",
+    max_num_batched_tokens: int = _setting(0, "Token budget of one engine step (longer prompts are prefilled in "
+                                           "chunks of it); 0 picks 128 on CPU (at least max_num_seqs), 16384 on GPU.",
                                            check=at_least(0))
     enforce_eager: bool | None = _setting(None, "Skip torch.compile and CUDA graphs (fast start, slower steps); "
                                           "empty picks true on CPU and false on GPU.")

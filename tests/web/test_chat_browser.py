@@ -10,6 +10,7 @@ from app.core.desk import STOPPED
 from tests.helpers.browser import DESKTOP, PHONE, VIEWPORTS, above_the_fold, assert_tidy, screenshot
 from tests.helpers.chat_page import (ANSWERS, READY, ask, caption, clock, conversation, database_of, faults,
                                      long_answers_server, open_chat, wait_for_status)
+from tests.helpers.servers import SecondServer
 from tests.helpers.waiting import wait_until
 
 
@@ -69,6 +70,38 @@ def test_a_customer_sees_the_answer_stream_and_the_caption_holds_the_stored_numb
     assert_tidy(page)
     screenshot(page, "chat-caption")
     page.close()
+
+
+def test_an_answer_after_a_notice_reports_its_own_first_text(browser, services, engine_loop, tmp_path):
+    """"Talk to a person" on an empty chat shows a notice at once; the question asked next is answered in the
+    notice's place, and the first text the page reports is the answer's, not the notice's: never sooner than the
+    engine's first token (here at least one 1 s step pause after the question), and the caption says what is stored."""
+    server = SecondServer(services, engine_loop, tmp_path, step_delay_ms=1000, max_tokens=3, ignore_eos=True)
+    with server as url:
+        db = database_of(server)
+        page = open_chat(browser, url)
+        page.locator("#person").click()
+        page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('请先描述您的问题')",
+                               timeout=30_000)
+        question = f"发票可以开公司抬头吗？{uuid.uuid4().hex[:6]}"
+        ask(page, question, watch=False)
+        caption(page, 0).wait_for(timeout=60_000)  # the answer has taken the notice's place
+        answer = conversation(db, question)[1]
+        assert (answer["status"], answer["output_tokens"], answer["finish_reason"]) == ("ok", 3, "length")
+        glyph_ms = first_visible(db, answer["id"])
+        assert glyph_ms >= answer["ttft_ms"] >= 1000, (glyph_ms, answer["ttft_ms"])  # the answer's text, not the notice
+        assert page.evaluate("window.__pdGlyph.byAnswer") == {"0": glyph_ms}
+        page.wait_for_function("(text) => document.querySelector('#chatbot .message.bot .thought-group .title')"
+                               "?.innerText.trim() === text",
+                               arg=f"{seconds(glyph_ms)} 秒内开始回复 · 回答较长，已截断 · {clock(page, answer['created_at'])}",
+                               timeout=30_000)
+        caption(page, 0).click()
+        details = page.locator(ANSWERS).nth(0).locator(".thought-group .content")
+        wait_until(lambda: details.inner_text().startswith(
+            f"首字显示 {glyph_ms:.0f} 毫秒 · 服务器开始回复 {answer['ttft_ms']:.0f} 毫秒 · "), 30,
+            lambda: f"details {details.inner_text()!r}")
+        assert faults(page) == []
+        page.close()
 
 
 @pytest.mark.parametrize("viewport", VIEWPORTS.values(), ids=VIEWPORTS.keys())

@@ -153,3 +153,48 @@ def test_an_engine_that_stops_making_progress_is_reported_down_and_restarted(tmp
         if core is not None and core.is_running():
             core.kill()
         assert server.stop() == 0
+
+
+# A cold prefill cut into steps of PREFILL_CHUNK tokens, each held STEP_PAUSE_MS by the step delay: the 电商客服
+# template's 1,042 tokens alone take 33 steps, 16.5 s or more, under a stall timeout of PREFILL_STALL_S, while
+# each step (half a second) leaves that timeout 5.5 s of room for a machine that stalls a few seconds.
+PREFILL_CHUNK = 32
+STEP_PAUSE_MS = 500
+PREFILL_STALL_S = 6
+
+
+def test_a_prefill_longer_than_the_stall_timeout_is_progress_and_a_silent_core_is_not(tmp_path):
+    """The watchdog tells a busy engine from a dead one: a cold prefill that outlasts the stall timeout, step by
+    step, is answered and restarts nothing; the same engine, stopped in a prefill, is reported and restarted."""
+    server = AppProcess(app_env(tmp_path, engine_stall_timeout_s=PREFILL_STALL_S, engine_step_delays=True,
+                                step_delay_ms=STEP_PAUSE_MS, max_num_seqs=PREFILL_CHUNK,
+                                max_num_batched_tokens=PREFILL_CHUNK, max_tokens=4, ignore_eos=True,
+                                warm_on_start=False))  # nothing warm: the first question's prefill is all of it
+    core = None
+    try:
+        server.wait_ready()
+        slow = Client(server.url, verbose=False).predict("发票可以开公司抬头吗？", [], "电商客服", None, None,
+                                                         api_name="/chat")
+        assert (slow["status"], slow["error"], slow["num_cached_tokens"], slow["output_tokens"]) == ("ok", None, 0, 4)
+        steps = -(-slow["prompt_tokens"] // PREFILL_CHUNK)
+        # The prefill alone took at least its steps' pauses (a bound no load can undercut), past the stall timeout.
+        assert slow["ttft_ms"] >= steps * STEP_PAUSE_MS > 2 * PREFILL_STALL_S * 1000, (steps, slow["ttft_ms"])
+        assert (health(server.url)["ok"], health(server.url)["restarts"]) == (True, 0)
+
+        core = engine_core(server)
+        core.suspend()  # SIGSTOP: alive and silent; the next question's prefill gets no step at all
+        job = Client(server.url, verbose=False).submit("笔记本电脑能保修几年？", [], "电子产品", None, None,
+                                                       api_name="/chat")
+        final = job.result(timeout=120)
+        assert (final["status"], final["error"]) == ("error", "The answer broke off: the model stopped unexpectedly "
+                                                              "and is restarting; please retry in a moment.")
+        wait_restarted(server)
+    finally:
+        if core is not None and core.is_running():
+            core.kill()
+        assert server.stop() == 0
+    db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
+    answers = list(db["messages"].rows_where("role = 'assistant'", order_by="id"))
+    assert [a["status"] for a in answers] == ["ok", "error"]
+    assert (answers[0]["output_tokens"], answers[0]["num_cached_tokens"], answers[0]["ttft_ms"]) == (
+        4, 0, slow["ttft_ms"])

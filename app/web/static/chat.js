@@ -15,12 +15,14 @@
   // box (a suggested one).
   const start = (retry, asked = false) => {
     if (!retry && !asked && !(document.querySelector('#message textarea')?.value || '').trim()) return;  // nothing sent
-    // A notice alone in the last group (a refusal) gives way to the answer: the answer takes its place.
+    // A notice alone in the last group (a refusal, "describe your question first") gives way to the answer: the
+    // answer takes its place, once the server's first update has removed it. Until then that group is the notice,
+    // which is no text of the answer: its text is kept, to be told apart.
     const groups = answers(), last = groups[groups.length - 1];
     const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
     const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
     delete state.byAnswer[index]; delete state.reported[index];
-    state.pending = {t0: performance.now(), index, retry, bot: lastBot()};
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : ''};
   };
   const report = (ms) => {
     const box = document.querySelector('#pd-glyph-report textarea');
@@ -190,9 +192,11 @@
     const p = state.pending;
     if (p && p.t1 === undefined) {
       const group = answers()[p.index];
-      // A retried answer counts once the old one (captioned) has given way to the streaming one.
+      // A retried answer counts once the old one (captioned) has given way to the streaming one, and an answer in
+      // a notice's place once the notice has gone.
       if (p.retry && (!group || !captioned(group))) p.fresh = true;
-      if (group && text(group) && (!p.retry || p.fresh)) {
+      if (p.notice && (!group || text(group) !== p.notice)) p.noticeGone = true;
+      if (group && text(group) && (!p.retry || p.fresh) && (!p.notice || p.noticeGone)) {
         p.t1 = performance.now();
         requestAnimationFrame(() => setTimeout(() => {
           const ms = Math.round(performance.now() - p.t0);
