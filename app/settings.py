@@ -271,8 +271,8 @@ class Settings:
                                                "PREFIXDESK_MAX_CONNECTIONS (limit per client at the proxy). 0 turns "
                                                "the limit off.", check=at_least(0))
     connections_reserved_percent: int = _setting(20, "Share of PREFIXDESK_MAX_CONNECTIONS (percent) kept for new "
-                                                 "clients: once the process holds more than the rest, an address "
-                                                 "that already has PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT_WHEN_BUSY "
+                                                 "clients: once the process holds the rest, an address that "
+                                                 "already has PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT_WHEN_BUSY "
                                                  "connections gets no more, so a fresh customer still gets in when "
                                                  "many addresses fill the server. 0: nothing kept.",
                                                  check=between(0, 90))
