@@ -212,3 +212,17 @@ def test_without_a_share_kept_the_same_addresses_lock_a_fresh_customer_out(servi
         for socks in attack.values():
             for s in socks:
                 s.close()
+
+
+def test_once_busy_each_address_gets_a_few_of_the_kept_share_and_a_trusted_proxy_is_not_held_to_them():
+    from app.core.callers import ProxyTrust
+    from app.web.connections import ConnectionLimits
+
+    limits = ConnectionLimits(per_client=16, total=20, trust=ProxyTrust("10.0.0.1/32"), reserved_percent=50,
+                              per_client_when_busy=2)
+    assert [limits.admit("127.0.0.2") for _ in range(11)] == [True] * 10 + [False]  # 10 of 20: busy from here
+    assert [limits.admit("127.0.0.3") for _ in range(3)] == [True, True, False]
+    assert [limits.admit("10.0.0.1") for _ in range(9)] == [True] * 8 + [False]  # the proxy: up to the total
+    limits.release("127.0.0.3")
+    assert (limits.admit("127.0.0.3"), limits.admit("127.0.0.4")) == (True, False)  # its own place again; full
+    assert limits.num_open == 20
