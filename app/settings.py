@@ -246,10 +246,20 @@ class Settings:
                                             "twice max_num_seqs (128 on CPU, 2048 on GPU), or 256 per replica with the "
                                             "remote engine.", check=at_least(0))
     drop_oldest_turns: bool = _setting(True, "Drop the oldest turns when a conversation outgrows the context.")
-    rate_limit_per_minute: int = _setting(30, "Messages one client address may send a minute (chat, /chat and /v1 "
-                                          "together); 0 turns the limit off.", check=at_least(0))
-    max_streams_per_client: int = _setting(8, "Answers one client address may have streaming at once; 0 turns the "
-                                           "limit off.", check=at_least(0))
+    rate_limit_per_minute: int = _setting(30, "Messages one browser (by the key the chat issued it) may send a minute; a "
+                                          "caller without one (/v1, /chat) is limited by its address. 0 turns the "
+                                          "limit off.", check=at_least(0))
+    max_streams_per_client: int = _setting(8, "Answers one browser (by the key the chat issued it) may have streaming "
+                                           "at once; a caller without one (/v1, /chat) is limited by its address. 0 "
+                                           "turns the limit off.", check=at_least(0))
+    rate_limit_per_address_per_minute: int = _setting(300, "Messages one client address may send a minute, all its "
+                                                      "browsers and callers together: a coarse outer bound, several "
+                                                      "times one browser's, that an office behind one NAT address "
+                                                      "stays under. 0 turns it off.", check=at_least(0))
+    max_streams_per_address: int = _setting(64, "Answers one client address may have streaming at once, all its "
+                                            "browsers and callers together (an outer bound, like "
+                                            "PREFIXDESK_RATE_LIMIT_PER_ADDRESS_PER_MINUTE). 0 turns it off.",
+                                            check=at_least(0))
     person_waiting_per_client: int = _setting(3, "Conversations one client address (an IPv6 address's /64) may have "
                                               "waiting for a person at once; a further request is refused in plain "
                                               "words and counted on the console's Conversations tab. 0 turns the cap "
@@ -273,10 +283,22 @@ class Settings:
                                        "server falling behind.", check=at_least(10))
     queue_max_size: int = _setting(256, "Chat requests the web server holds at once; more are told to retry.",
                                    check=at_least(1))
-    max_connections_per_client: int = _setting(64, "Connections one client address may hold open at once, per web "
-                                               "process; more are closed as they arrive. A trusted proxy's own "
-                                               "connections count only against PREFIXDESK_MAX_CONNECTIONS (limit "
-                                               "per client at the proxy). 0 turns the limit off.", check=at_least(0))
+    max_connections_per_client: int = _setting(256, "Connections one client address may hold open at once, per web "
+                                               "process, while the process has room (an office behind one NAT "
+                                               "address needs several per browser); more are closed as they arrive. "
+                                               "A trusted proxy's own connections count only against "
+                                               "PREFIXDESK_MAX_CONNECTIONS (limit per client at the proxy). 0 turns "
+                                               "the limit off.", check=at_least(0))
+    connections_reserved_percent: int = _setting(20, "Share of PREFIXDESK_MAX_CONNECTIONS (percent) kept for new "
+                                                 "clients: once the process holds the rest, an address that "
+                                                 "already has PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT_WHEN_BUSY "
+                                                 "connections gets no more, so a fresh customer still gets in when "
+                                                 "many addresses fill the server. 0: nothing kept.",
+                                                 check=between(0, 90))
+    max_connections_per_client_when_busy: int = _setting(8, "Connections an address may hold once the process is "
+                                                         "into its reserved share "
+                                                         "(PREFIXDESK_CONNECTIONS_RESERVED_PERCENT): enough for one "
+                                                         "browser's page and its streams.", check=at_least(1))
     max_connections: int = _setting(0, "Connections one web process holds open at once; more are closed as they "
                                     "arrive. 0 picks the process's file limit (raised to its hard limit at start) "
                                     "less 512 for the engine, the database and logs; a larger value refuses to start.",

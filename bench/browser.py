@@ -10,6 +10,7 @@ difference for each number of concurrent users and writes ``browser-glyph.json``
 
 Every simulated customer comes from 127.0.0.1, so start the server with the per-client limits off
 (``PREFIXDESK_RATE_LIMIT_PER_MINUTE=0 PREFIXDESK_MAX_STREAMS_PER_CLIENT=0
+PREFIXDESK_RATE_LIMIT_PER_ADDRESS_PER_MINUTE=0 PREFIXDESK_MAX_STREAMS_PER_ADDRESS=0
 PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT=0``), or they are refused.
 
 What lies between the two numbers: the browser sending the question (Gradio's queue: a join request,

@@ -60,7 +60,8 @@ def main(argv: list[str]) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="prefixdesk-dashboard-"))
     settings = load_settings(environ={}, data_dir=str(data_dir), templates_dir=str(ROOT / "templates"),
                              kv_cache_mib=64, max_tokens=48, max_model_len=2048, port=_free_port(),
-                             rate_limit_per_minute=0, max_streams_per_client=0, keep_warm_interval_s=0,
+                             rate_limit_per_minute=0, max_streams_per_client=0, rate_limit_per_address_per_minute=0,
+                             max_streams_per_address=0, keep_warm_interval_s=0,
                              engine_step_delays=True, step_delay_ms=20, metrics_token=TOKEN)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()

@@ -130,7 +130,8 @@ class _Server:
         self.url = f"http://127.0.0.1:{self.port}/"
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
         env.update(PREFIXDESK_DATA_DIR=str(self.data_dir), PREFIXDESK_PORT=str(self.port),
-                   PREFIXDESK_RATE_LIMIT_PER_MINUTE="0", GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
+                   PREFIXDESK_RATE_LIMIT_PER_MINUTE="0", PREFIXDESK_RATE_LIMIT_PER_ADDRESS_PER_MINUTE="0",
+                   GRADIO_ANALYTICS_ENABLED="False", PYTHONUNBUFFERED="1")
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         self.log_path = self.data_dir / "server.log"
         self._log = open(self.log_path, "wb")

@@ -183,6 +183,7 @@ class _Server:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
         env.update(PREFIXDESK_DATA_DIR=str(self.data_dir), PREFIXDESK_PORT=str(port), PREFIXDESK_MAX_TOKENS="64",
                    PREFIXDESK_RATE_LIMIT_PER_MINUTE="0", PREFIXDESK_MAX_STREAMS_PER_CLIENT="0",
+                   PREFIXDESK_RATE_LIMIT_PER_ADDRESS_PER_MINUTE="0", PREFIXDESK_MAX_STREAMS_PER_ADDRESS="0",
                    PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT="0",
                    GRADIO_ANALYTICS_ENABLED="False")
         if cap:

@@ -31,7 +31,7 @@ from app.core.metrics import DeskMetrics
 from app.core.prompts import Prompt, PromptBuilder, PromptError, Turn, system_text
 from app.core.refusals import Refused, english
 from app.core.routing import routing_key
-from app.core.session_keys import MAX_SESSION_KEY_CHARS
+from app.core.session_keys import BROWSER_KIND, MAX_SESSION_KEY_CHARS
 from app.db import Database, StoreError
 from app.db import conversations as db_conversations
 from app.db.models import utcnow
@@ -182,17 +182,19 @@ class Desk:
             return self.prompts.build(system_text(template.chain), history, message)
         return await asyncio.to_thread(self.prompts.build, system_text(template.chain), list(history), message)
 
-    def admit(self, *, client: str, message: object) -> Admitted:
+    def admit(self, *, client: str, message: object, browser: str = "") -> Admitted:
         """Take in a message from ``client``, before anything reads or keeps it: its type, then the client's
         rate (a refused message costs its sender a turn like any other, so a flood of them stops at the
-        limit), then its size, all checked before the text is even cleaned. Raises DeskInputError."""
+        limit), then its size, all checked before the text is even cleaned. ``browser``: the browser's key,
+        checked by the caller (its own rate; the address's is then only an outer bound). Raises
+        DeskInputError."""
         with self._counting_refusals():
-            return self._admit(client, message)
+            return self._admit(client, message, browser)
 
-    def _admit(self, client: str, message: object) -> Admitted:
+    def _admit(self, client: str, message: object, browser: str) -> Admitted:
         if not isinstance(message, str):
             raise DeskInputError("not_text")
-        self._check_rate(client)
+        self._check_rate(client, browser)
         if len(message) > MAX_MESSAGE_CHARS:
             raise DeskInputError("message_chars", chars=len(message), limit=MAX_MESSAGE_CHARS)
         text = clean_text(message).strip()
@@ -221,7 +223,8 @@ class Desk:
         Raises DeskInputError (nothing stored) for bad input, a limit, or an unknown template or
         conversation. Every later failure is stored with the answer and reported in Finished.
         """
-        admitted = message if isinstance(message, Admitted) else self.admit(client=client, message=message)
+        admitted = message if isinstance(message, Admitted) else \
+            self.admit(client=client, message=message, browser=_browser(session_key))
         assert admitted.client == client, "a message admitted for another client"
         message = admitted.text
         if not 0 < len(session_key) <= MAX_SESSION_KEY_CHARS:
@@ -258,7 +261,7 @@ class Desk:
     async def retry(self, *, session_key: str, client: str, conversation_id: int,
                     tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Answer the last question of a stored conversation again; the new answer replaces the old."""
-        template = await self._stored_template(client, conversation_id)
+        template = await self._stored_template(client, conversation_id, browser=_browser(session_key))
         try:
             with _refusals(nothing="nothing_to_retry", not_saved="not_retried"):
                 turn = await self._begin(db_conversations.begin_retry, template, session_key=session_key,
@@ -298,7 +301,7 @@ class Desk:
                               tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Go on with the conversation's last answer, cut off at its budget, as the same answer: the prompt ends
         with the answer so far (no new question), and the stored row gets the whole text."""
-        template = await self._stored_template(client, conversation_id)
+        template = await self._stored_template(client, conversation_id, browser=_browser(session_key))
         try:
             with _refusals(nothing="nothing_to_continue", not_saved="not_retried"):
                 turn, partial = await self._begin(db_conversations.begin_continue, template,
@@ -315,7 +318,8 @@ class Desk:
                                           session_key=session_key):
             yield event
 
-    async def _stored_template(self, client: str, conversation_id: int, *, check_rate: bool = True) -> TemplateInfo:
+    async def _stored_template(self, client: str, conversation_id: int, *, check_rate: bool = True,
+                               browser: str = "") -> TemplateInfo:
         """The template a stored conversation is answered with, at its own version, once its client's rate
         allows another answer (retry and continue; an edit's rate was checked by ``admit``)."""
         template_name = await self._read(db_conversations.template_of, conversation_id=conversation_id)
@@ -323,7 +327,7 @@ class Desk:
             raise DeskInputError("no_conversation")
         template = self.customer_template(template_name)
         if check_rate:
-            self._check_rate(client)
+            self._check_rate(client, browser)
         state = await self._read(db_conversations.state_of, conversation_id=conversation_id)
         return await self._on_version(template, state.template_version_id if state else None)
 
@@ -455,7 +459,7 @@ class Desk:
         result: AnswerResult | None = None
         dropped = 0
         try:
-            with self.metrics.answering(), self.limiter.stream(client):
+            with self.metrics.answering(), self.limiter.stream(client, browser=_browser(session_key)):
                 prompt = (await self.build_prompt(template, history, message) if not continued else
                           await asyncio.to_thread(self.prompts.build_continuation, system_text(template.chain),
                                                   list(history), continued))
@@ -551,9 +555,9 @@ class Desk:
                                                                 error_code=code), template)
             raise
 
-    def _check_rate(self, client: str) -> None:
+    def _check_rate(self, client: str, browser: str = "") -> None:
         try:
-            self.limiter.check_rate(client)
+            self.limiter.check_rate(client, browser=browser)
         except RateLimited as exc:
             raise DeskInputError.of(exc) from None
 
@@ -629,6 +633,12 @@ def _refusals(*, nothing: str, not_saved: str):
         raise DeskInputError(nothing) from None
     except StoreError as exc:
         raise DeskInputError(not_saved, detail=str(exc)) from None
+
+
+def _browser(session_key: str) -> str:
+    """``session_key`` when it is a browser's key (the chat passes only keys it checked with SessionKeys.browser;
+    /chat's keys are of the API kind), the key of that browser's own limits; else "" (limited by address)."""
+    return session_key if session_key.startswith(BROWSER_KIND + ".") else ""
 
 
 def _with_person(conversation_id: int, message_id: int, version_id: int | None, handoff: str) -> Finished:

@@ -13,6 +13,10 @@ ENGLISH = {
     "rate": "You are sending messages faster than {per_minute} a minute; please wait {wait_s} s and send again.",
     "streams": "You already have {open} answers in progress; the limit is {limit}. Wait for one to finish, "
                "then send again.",
+    "address_rate": "Your network's address is sending messages faster than {per_minute} a minute, all its browsers "
+                    "together; please wait {wait_s} s and send again.",
+    "address_streams": "Your network's address already has {open} answers in progress, all its browsers together; "
+                       "the limit is {limit}. Wait for one to finish, then send again.",
     "message_chars": "This message has {chars:,} characters; the limit is {limit:,}. Please shorten it or split it "
                      "into several messages.",
     "session": "This session is not valid; reload the page and send the message again.",

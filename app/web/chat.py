@@ -274,7 +274,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return
         try:
             caller = caller_of(request)
-            admitted = desk.admit(client=caller.address, message=value)
+            admitted = desk.admit(client=caller.address, message=value, browser=key)
         except (TenantRefused, DeskInputError) as exc:
             yield refused(shown, say(exc), conversation_id, session_key)
             return
@@ -294,7 +294,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             return
         try:  # type, rate and size, before anything keeps the message
             caller = caller_of(request)
-            admitted = desk.admit(client=caller.address, message=message)
+            admitted = desk.admit(client=caller.address, message=message, browser=keys.browser(session_key) or "")
         except (TenantRefused, DeskInputError) as exc:
             yield refused(shown, say(exc), conversation_id, session_key, message, key=key)
             return

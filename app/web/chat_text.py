@@ -74,6 +74,8 @@ TEXT = {
             "empty": "请输入问题后再发送。",
             "rate": "您发送得有点快，请等 {wait_s} 秒后再发送。",
             "streams": "上一个回答还在进行中，请等它结束后再发送。",
+            "address_rate": "您所在的网络此刻发来的消息较多，请等 {wait_s} 秒后再发送。",
+            "address_streams": "您所在的网络此刻有很多回答正在进行，请稍等片刻后再发送。",
             "message_chars": "这条消息太长了（{chars} 字，最多 {limit} 字），请缩短或分成几条发送。",
             "session": "页面已过期，请刷新页面后再发送。",
             "no_conversation": "找不到这段对话了，请开始新的对话。",
@@ -161,6 +163,10 @@ TEXT = {
             "empty": "Please type a question before sending.",
             "rate": "You are sending messages a little fast. Please wait {wait_s} seconds, then send again.",
             "streams": "An answer is still on its way. Please wait for it to finish, then send again.",
+            "address_rate": "Many messages are coming from your network just now. Please wait {wait_s} seconds, "
+                            "then send again.",
+            "address_streams": "Many answers are on their way to your network just now. Please wait a moment, "
+                               "then send again.",
             "message_chars": "This message is too long ({chars} characters; at most {limit}). Please shorten it "
                              "or send it in parts.",
             "session": "This page has expired. Please reload it and send again.",

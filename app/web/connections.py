@@ -9,6 +9,9 @@ the server runs (``python -m app``, several workers on one port, or a test's ser
 - a connection beyond PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT from its address, or beyond
   PREFIXDESK_MAX_CONNECTIONS in all, is closed as soon as it is accepted (a reset: its descriptor is
   freed at once), with one log line a second at most;
+- the last PREFIXDESK_CONNECTIONS_RESERVED_PERCENT of the total is kept for new clients: once the process
+  holds the rest, an address with PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT_WHEN_BUSY connections or more gets
+  no more, so many addresses each at their own limit cannot fill the server against a fresh customer;
 - a request whose headers and body have not all arrived PREFIXDESK_REQUEST_ARRIVAL_TIMEOUT_S after its
   first byte (or after the connection opened) is answered 408 and closed. Only the request's arrival is
   timed: an answer that streams for minutes (Gradio's SSE, /v1 streams) is never cut.
@@ -37,9 +40,12 @@ FDS_RESERVED = 512  # descriptors kept for the engine, the database, logs and fi
 class ConnectionLimits:
     """Open connections by client address, for one server."""
 
-    def __init__(self, *, per_client: int, total: int, trust: ProxyTrust):
+    def __init__(self, *, per_client: int, total: int, trust: ProxyTrust, reserved_percent: int = 0,
+                 per_client_when_busy: int = 0):
         self.per_client = per_client  # 0: no limit
         self.total = total
+        self.num_unreserved = total - total * reserved_percent // 100  # past it, the server is busy
+        self.per_client_when_busy = per_client_when_busy
         self._trust = trust
         self._open: Counter[str] = Counter()
         self.num_open = 0
@@ -55,6 +61,12 @@ class ConnectionLimits:
         if self.per_client and self._open[address] >= self.per_client and not self._trust.trusts(address):
             self._refused("refused a connection from %s: it has %d open (PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT)",
                           address, self._open[address])
+            return False
+        if (self.num_open >= self.num_unreserved and self._open[address] >= self.per_client_when_busy
+                and not self._trust.trusts(address)):
+            self._refused("refused a connection from %s: it has %d open and the server %d of %d, the rest kept for "
+                          "new clients (PREFIXDESK_CONNECTIONS_RESERVED_PERCENT)",
+                          address, self._open[address], self.num_open, self.total)
             return False
         self._open[address] += 1
         self.num_open += 1

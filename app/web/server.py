@@ -94,7 +94,9 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     catalog.load()
     _check_templates_fit(catalog, prompts, settings)
     engine = engine or build_engine(settings, model)
-    limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client)
+    limiter = ClientLimiter(per_minute=settings.rate_limit_per_minute, concurrent=settings.max_streams_per_client,
+                            per_address_per_minute=settings.rate_limit_per_address_per_minute,
+                            per_address_concurrent=settings.max_streams_per_address)
     desk = Desk(db=db, catalog=catalog, engine=engine, prompts=prompts, limiter=limiter,
                 tenant_secret=_secret(settings, "tenant-salt.key"), family_shards=settings.family_shards,
                 ignore_eos=settings.ignore_eos, step_delay_ms=settings.step_delay_ms,
@@ -321,7 +323,9 @@ def uvicorn_config(app: FastAPI, settings: Settings, **overrides):
     trust = ProxyTrust(settings.trusted_proxies, forwarded_header=settings.forwarded_for_header,
                        tenant_header=settings.tenant_header)
     limits = ConnectionLimits(per_client=settings.max_connections_per_client,
-                              total=total_connections(settings, raise_file_limit()), trust=trust)
+                              total=total_connections(settings, raise_file_limit()), trust=trust,
+                              reserved_percent=settings.connections_reserved_percent,
+                              per_client_when_busy=settings.max_connections_per_client_when_busy)
     # Open browser streams would hold a graceful shutdown forever; after 5 s they are cancelled.
     # Forwarded headers are judged by app/core/callers.py against PREFIXDESK_TRUSTED_PROXIES: uvicorn
     # would otherwise believe X-Forwarded-For from any local peer. No page uses a WebSocket (Gradio streams

@@ -13,7 +13,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 OUTPUT_DIR = ROOT / "test-output"  # screenshots and other artefacts a person may want to look at
 # The session's ``edge`` server (tests/conftest.py): an operator and tight connection limits.
 EDGE_OPERATOR = ("admin", "operator passphrase 9")
-EDGE_LIMITS = {"max_connections_per_client": 16, "max_connections": 48, "request_arrival_timeout_s": 20}
+EDGE_LIMITS = {"max_connections_per_client": 16, "max_connections": 48, "request_arrival_timeout_s": 20,
+               "connections_reserved_percent": 0}  # the reserved share has a test of its own
 
 
 def free_port() -> int:
@@ -36,6 +37,8 @@ def settings_for(data_dir: Path, **overrides):
         # Every test client connects from 127.0.0.1: per-client limits are tested on desks of their own.
         rate_limit_per_minute=0,
         max_streams_per_client=0,
+        rate_limit_per_address_per_minute=0,
+        max_streams_per_address=0,
         max_connections_per_client=0,
         person_waiting_per_client=0,
         person_waiting_per_session=0,

@@ -21,6 +21,7 @@ import statistics
 import time
 
 import httpx
+import pytest
 
 from tests.helpers.servers import EDGE_LIMITS, SecondServer, slow_answers
 
@@ -151,3 +152,77 @@ def test_answers_that_stream_longer_than_the_arrival_timeout_are_not_cut(service
         assert lines[-1] == "data: [DONE]"
         assert '"completion_tokens":100' in lines[-2].replace(" ", "")
         assert streamed_s > 2.0  # longer than the arrival timeout, and never cut
+
+
+# -- a share kept for new clients (issue 28, item 3) ----------------------------------------------------------
+# Before: 307 addresses × 64 idle streams held 19,384–19,691 of the 19,488 connections allowed, and a fresh
+# customer's /healthz and page timed out: every address could fill its own limit until the total was reached.
+# After: the last PREFIXDESK_CONNECTIONS_RESERVED_PERCENT of the total is kept: once the process holds the
+# rest, an address with PREFIXDESK_MAX_CONNECTIONS_PER_CLIENT_WHEN_BUSY or more gets no more. Scaled down:
+# 48 in all, 16 per address, 25 % (12) kept, 4 per address once busy.
+
+RESERVED = {"max_connections": 48, "max_connections_per_client": 16, "max_connections_per_client_when_busy": 4,
+            "request_arrival_timeout_s": 600}  # the held connections never time out during the test
+
+
+def bare(port: int, address: str, n: int) -> list[socket.socket]:
+    """``n`` connections from ``address`` that send nothing: held like idle streams."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((address, 0))
+        s.connect(("127.0.0.1", port))
+        socks.append(s)
+    return socks
+
+
+def closed_now(socks: list[socket.socket]) -> int:
+    """How many of ``socks`` the server has closed, without waiting."""
+    poller = select.poll()
+    for s in socks:
+        poller.register(s.fileno(), select.POLLIN | select.POLLHUP)
+    return len(poller.poll(0))
+
+
+def test_addresses_at_their_own_limit_cannot_fill_the_share_kept_for_new_clients(services, engine_loop, tmp_path):
+    with SecondServer(services, engine_loop, tmp_path, connections_reserved_percent=25, **RESERVED) as url:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        attack = {address: bare(port, address, 16) for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4",
+                                                                    "127.0.0.5", "127.0.0.6")}
+        # A fresh customer: its connection is accepted after every one above, so by its answer each of them
+        # has been admitted or closed.
+        assert httpx.get(url + "healthz", timeout=60).status_code == 200
+        assert httpx.get(url, timeout=60).status_code == 200  # the chat page
+        refused = {address: closed_now(socks) for address, socks in attack.items()}
+        # 16 + 16 + 4 fill the 36 not kept; then each address gets 4 of the 12 kept: 44 held.
+        assert refused == {"127.0.0.2": 0, "127.0.0.3": 0, "127.0.0.4": 12, "127.0.0.5": 12, "127.0.0.6": 12}
+        for socks in attack.values():
+            for s in socks:
+                s.close()
+
+
+def test_without_a_share_kept_the_same_addresses_lock_a_fresh_customer_out(services, engine_loop, tmp_path):
+    with SecondServer(services, engine_loop, tmp_path, connections_reserved_percent=0, **RESERVED) as url:
+        port = int(url.rsplit(":", 1)[1].strip("/"))
+        attack = {address: bare(port, address, 16) for address in ("127.0.0.2", "127.0.0.3", "127.0.0.4")}
+        with pytest.raises(httpx.TransportError):  # closed as soon as it was accepted: the server is full
+            httpx.get(url + "healthz", timeout=60)
+        assert {address: closed_now(socks) for address, socks in attack.items()} == {
+            "127.0.0.2": 0, "127.0.0.3": 0, "127.0.0.4": 0}
+        for socks in attack.values():
+            for s in socks:
+                s.close()
+
+
+def test_once_busy_each_address_gets_a_few_of_the_kept_share_and_a_trusted_proxy_is_not_held_to_them():
+    from app.core.callers import ProxyTrust
+    from app.web.connections import ConnectionLimits
+
+    limits = ConnectionLimits(per_client=16, total=20, trust=ProxyTrust("10.0.0.1/32"), reserved_percent=50,
+                              per_client_when_busy=2)
+    assert [limits.admit("127.0.0.2") for _ in range(11)] == [True] * 10 + [False]  # 10 of 20: busy from here
+    assert [limits.admit("127.0.0.3") for _ in range(3)] == [True, True, False]
+    assert [limits.admit("10.0.0.1") for _ in range(9)] == [True] * 8 + [False]  # the proxy: up to the total
+    limits.release("127.0.0.3")
+    assert (limits.admit("127.0.0.3"), limits.admit("127.0.0.4")) == (True, False)  # its own place again; full
+    assert limits.num_open == 20

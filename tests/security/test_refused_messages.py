@@ -26,7 +26,9 @@ MESSAGE = "a" * 900_000  # under the 1 MiB request limit, 45 times the message l
 TOO_LONG = "这条消息太长了（900000 字，最多 20000 字），请缩短或分成几条发送。"  # the chat's words, in zh
 GROWTH_LIMIT_MIB = 25  # before the fix the same flood kept 107 MiB
 RATE = re.compile(r"您发送得有点快，请等 (\d+) 秒后再发送。")
-API_RATE = re.compile(r"You are sending messages faster than 2 a minute; please wait (\d+) s and send again\.")
+ADDRESS_RATE = re.compile(r"您所在的网络此刻发来的消息较多，请等 (\d+) 秒后再发送。")
+API_RATE = re.compile(r"Your network's address is sending messages faster than 5 a minute, all its browsers together; "
+                      r"please wait (\d+) s and send again\.")
 
 
 def notices(chatbot: list) -> list[str]:
@@ -35,8 +37,9 @@ def notices(chatbot: list) -> list[str]:
     return [text.removeprefix("提示：") for text in texts if text.startswith("提示：")]
 
 
-def refuse_from_fresh_sessions(url: str, n: int, message: str = MESSAGE) -> list[list[str]]:
-    """``n`` sessions of their own (a cookie jar each), each loading the page and sending ``message``."""
+def refuse_from_fresh_sessions(url: str, n: int, message: str = MESSAGE, *, sends: int = 1) -> list[list[str]]:
+    """``n`` sessions of their own (a cookie jar and a browser key each), each loading the page and sending
+    ``message`` ``sends`` times; what each send showed."""
     cfg = config(url)
     load, send = dependency(cfg, "on_load"), dependency(cfg, "send")
     shown = []
@@ -44,7 +47,9 @@ def refuse_from_fresh_sessions(url: str, n: int, message: str = MESSAGE) -> list
         with httpx.Client(timeout=60) as client:
             session = uuid.uuid4().hex
             key = output(run(client, url, load, ["", None], session))[0]
-            shown.append(notices(output(run(client, url, send, [message, "电商客服", None, key, None], session))[0]))
+            for _ in range(sends):
+                shown.append(notices(output(run(client, url, send, [message, "电商客服", None, key, None],
+                                                session))[0]))
     return shown
 
 
@@ -87,10 +92,16 @@ def test_a_refused_message_leaves_the_conversation_as_it_was(server_url):
 
 
 def test_refused_messages_count_against_the_senders_rate(services, engine_loop, tmp_path):
-    with SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=2) as url:
-        assert refuse_from_fresh_sessions(url, 2) == [[TOO_LONG]] * 2
-        # The third message of this address in the minute is refused for its rate, before its size is read.
-        third = refuse_from_fresh_sessions(url, 1)[0]
+    # A browser's own rate is 2 a minute; its address's, all browsers together, 5.
+    with SecondServer(services, engine_loop, tmp_path, rate_limit_per_minute=2,
+                      rate_limit_per_address_per_minute=5) as url:
+        # The third message of one browser in the minute is refused for its rate, before its size is read.
+        first, second, third = refuse_from_fresh_sessions(url, 1, sends=3)
+        assert [first, second] == [[TOO_LONG]] * 2
         assert len(third) == 1 and RATE.fullmatch(third[0]), third
+        # Other browsers of the address have rates of their own, up to the address's bound.
+        assert refuse_from_fresh_sessions(url, 3) == [[TOO_LONG]] * 3
+        [fresh] = refuse_from_fresh_sessions(url, 1)
+        assert len(fresh) == 1 and ADDRESS_RATE.fullmatch(fresh[0]), fresh
         out = Client(url, verbose=False).predict("退货", None, "电商客服", None, None, api_name="/chat")
         assert out["status"] == "rejected" and API_RATE.fullmatch(out["error"]), out  # /chat: the precise English
