@@ -5,6 +5,8 @@ tests/console/test_admin_browser.py checks that both languages have the same key
 
 from __future__ import annotations
 
+from app.db.templates import ParentHasChildren, StaleVersion
+
 TEXT: dict[str, dict[str, str]] = {
     "en": {
         "lang": "en",
@@ -47,6 +49,9 @@ TEXT: dict[str, dict[str, str]] = {
         "tab_audit": "Audit log",
         "refresh": "Refresh",
         "refused": "⛔ {message}",
+        "refused_stale": "Conflict: you edited {name} from version {base}, but version {latest} was saved since. "
+                         "Nothing was overwritten; reload version {latest}, apply your change again, and save.",
+        "refused_parent": "{name} is the parent of {children}; delete or re-create those first.",
         # templates
         "tpl_headers": "name|parent|language|published|latest|tokens|full KV blocks|pinned|internal|answers|hit rate|"
                        "last used",
@@ -453,6 +458,9 @@ TEXT: dict[str, dict[str, str]] = {
         "tab_audit": "审计日志",
         "refresh": "刷新",
         "refused": "⛔ {message}",
+        "refused_stale": "冲突：您是在版本 {base} 的基础上修改 {name} 的，但之后已经保存了版本 {latest}。"
+                         "没有覆盖任何内容；请重新载入版本 {latest}，再做一次修改后保存。",
+        "refused_parent": "{name} 是 {children} 的父模板；请先删除或重新创建这些模板。",
         "tpl_headers": "名称|父模板|语言|已发布|最新|token 数|完整 KV 块|常驻|内部|回答数|命中率|最近使用",
         "yes": "是",
         "tpl_choose": "模板",
@@ -520,7 +528,7 @@ TEXT: dict[str, dict[str, str]] = {
         "touch": "立即触达常驻模板",
         "kv_off": "KV 事件已关闭",
         "cache_blocks": "KV 缓存块",
-        "cache_total": "可用总数（不含空块）",
+        "cache_total": "可用总数（不含 vLLM 保留的 0 号占位块）",
         "cache_cached": "在前缀缓存中（占用或可淘汰）",
         "cache_hit": "前缀缓存命中率",
         "cache_usage": "KV 使用率",
@@ -807,3 +815,15 @@ def audit_word(language: str, kind: str, value: str) -> str:
     """An audit entry's action, field or value in ``language`` (``kind``: action, field or value); a value
     with no translation (a number, a name) as it is."""
     return TEXT[language].get(f"audit_{kind}_{value.replace(' ', '_')}", value)
+
+
+def refusal(language: str, exc: Exception) -> str | None:
+    """A template refusal the console says in ``language`` from the exception's fields (the stale save, the
+    parent's delete), or None for one whose message is said as it is."""
+    t = TEXT[language]
+    if isinstance(exc, StaleVersion):
+        return t["refused_stale"].format(name=repr(exc.name), base=exc.base_version, latest=exc.latest_version)
+    if isinstance(exc, ParentHasChildren):
+        comma = "、" if language == "zh" else ", "
+        return t["refused_parent"].format(name=repr(exc.name), children=comma.join(map(repr, exc.children)))
+    return None

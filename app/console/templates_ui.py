@@ -12,7 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.console.context import Console
-from app.console.i18n import headers
+from app.console.i18n import headers, refusal
 from app.console.markup import literal
 from app.console.preview import preview
 from app.console.templates import TemplateRow
@@ -36,7 +36,7 @@ def build_templates_tab(console: Console):
     t, access, templates = console.text, console.access, console.templates
 
     def refused(exc: Exception) -> str:
-        return t["refused"].format(message=literal(exc))
+        return t["refused"].format(message=literal(refusal(console.language, exc) or exc))
 
     async def table() -> list[list]:
         return table_rows(console, await templates.rows())

@@ -44,7 +44,9 @@ class TemplateExists(TemplateAdminError):
 
 
 class ParentHasChildren(TemplateAdminError):
-    pass
+    def __init__(self, name: str, children: list[str]):
+        super().__init__(f"{name!r} is the parent of {', '.join(map(repr, children))}; delete or re-create those first.")
+        self.name, self.children = name, tuple(children)  # the console says it in its own language
 
 
 class StaleVersion(TemplateAdminError):
@@ -53,7 +55,7 @@ class StaleVersion(TemplateAdminError):
             f"Conflict: you edited {name!r} from version {base_version}, but version {latest_version} was saved "
             f"since. Nothing was overwritten; reload version {latest_version}, apply your change again, and save."
         )
-        self.latest_version = latest_version
+        self.name, self.base_version, self.latest_version = name, base_version, latest_version
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -251,8 +253,7 @@ def delete(s: Session, *, name: str, user: str) -> Change:
     t = _get(s, name)
     children = [c.name for c in _live(s) if c.parent_id == t.id]
     if children:
-        raise ParentHasChildren(f"{name!r} is the parent of {', '.join(map(repr, children))}; "
-                                "delete or re-create those first.")
+        raise ParentHasChildren(name, children)
     before = t.published_version.number if t.published_version else None
     t.deleted_at = utcnow()
     t.candidate_version_id, t.candidate_share, t.candidate_since = None, 0.0, None

@@ -97,3 +97,17 @@ def test_the_walk_finds_text_of_the_other_language():
     assert foreign(["运行中请求占用", "首 token 中位数 (ms)", "PREFIXDESK_KV_EVENTS=false", "v2 获得 50%"], "zh") == []
     assert foreign(["Search", "搜索"], "zh") == ["Search"]
     assert foreign(["Search", "搜索"], "en") == ["搜索"]
+
+
+def test_a_stale_save_and_a_parents_delete_are_refused_in_the_consoles_language():
+    from app.console.i18n import refusal
+    from app.db.templates import ParentHasChildren, StaleVersion
+
+    stale, parent = StaleVersion("售后", 1, 2), ParentHasChildren("售后", ["售后-手机", "售后-家电"])
+    assert refusal("zh", stale) == ("冲突：您是在版本 1 的基础上修改 '售后' 的，但之后已经保存了版本 2。"
+                                    "没有覆盖任何内容；请重新载入版本 2，再做一次修改后保存。")
+    assert refusal("zh", parent) == "'售后' 是 '售后-手机'、'售后-家电' 的父模板；请先删除或重新创建这些模板。"
+    assert refusal("en", stale) == str(stale)  # the English words are the exception's own
+    assert refusal("en", parent) == str(parent) == (
+        "'售后' is the parent of '售后-手机', '售后-家电'; delete or re-create those first.")
+    assert refusal("zh", ValueError("other")) is None
