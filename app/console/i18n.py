@@ -5,7 +5,12 @@ tests/console/test_admin_browser.py checks that both languages have the same key
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from app.db.templates import ParentHasChildren, StaleVersion
+
+if TYPE_CHECKING:
+    from app.console.preview import Hazard
 
 TEXT: dict[str, dict[str, str]] = {
     "en": {
@@ -87,6 +92,13 @@ TEXT: dict[str, dict[str, str]] = {
         "preview_size": "**{tokens:,} tokens · {blocks} full KV blocks** of {block_size} tokens ({tail} tokens after "
                         "the last full block are recomputed per request)",
         "preview_ok": "✅ nothing in the text changes per request",
+        "hazard": "line {line}: {found} {why}.",
+        "hazard_placeholder": "looks like a placeholder; if it is filled per request the prefix changes and nothing "
+                              "after it is cached. Put per-customer facts in the user's message instead",
+        "hazard_date": "is a date; if it is updated daily, every update invalidates the cache from this token on",
+        "hazard_clock": "is a clock time; a time that changes per request can never be cached",
+        "hazard_today": "refers to the current day or time; text that says it is usually updated per request, which "
+                        "breaks caching",
         "diff_a": "Version A",
         "diff_b": "Version B",
         "diff_button": "Diff",
@@ -493,6 +505,12 @@ TEXT: dict[str, dict[str, str]] = {
         "preview_size": "**{tokens:,} 个 token · {blocks} 个完整 KV 块**（每块 {block_size} 个 token；最后一个完整块之后的 "
                         "{tail} 个 token 每次请求都要重新计算）",
         "preview_ok": "✅ 正文中没有每次请求都会变化的内容",
+        "hazard": "第 {line} 行：{found} {why}。",
+        "hazard_placeholder": "像是占位符；如果每次请求都填入不同内容，前缀就会变化，它之后的内容都无法缓存。"
+                              "请把每位客户的信息放在用户消息里",
+        "hazard_date": "是日期；如果每天更新，每次更新都会让从这里开始的缓存失效",
+        "hazard_clock": "是时刻；每次请求都变化的时间永远无法缓存",
+        "hazard_today": "指当天或当前时间；写这种话的文本通常每次请求都会更新，会破坏缓存",
         "diff_a": "版本 A",
         "diff_b": "版本 B",
         "diff_button": "对比",
@@ -827,3 +845,8 @@ def refusal(language: str, exc: Exception) -> str | None:
         comma = "、" if language == "zh" else ", "
         return t["refused_parent"].format(name=repr(exc.name), children=comma.join(map(repr, exc.children)))
     return None
+
+
+def hazard_text(t: dict[str, str], hazard: Hazard) -> str:
+    """A preview's warning (app/console/preview.py) in the language of ``t``, one of TEXT's tables."""
+    return t["hazard"].format(line=hazard.line, found=repr(hazard.found), why=t[f"hazard_{hazard.kind}"])

@@ -12,7 +12,7 @@ from pathlib import Path
 import gradio as gr
 
 from app.console.context import Console
-from app.console.i18n import headers, refusal
+from app.console.i18n import hazard_text, headers, refusal
 from app.console.markup import literal
 from app.console.preview import preview
 from app.console.templates import TemplateRow
@@ -281,5 +281,5 @@ async def preview_markdown(console: Console, name: str, chain: tuple[str, ...]) 
                                       tail=p.uncached_tail_tokens)]
     if p.too_long:
         lines.append(f"⛔ {literal(p.too_long)}")
-    lines += [f"⚠️ {literal(w)}" for w in p.warnings] or [t["preview_ok"]]
+    lines += [f"⚠️ {literal(hazard_text(t, h))}" for h in p.hazards] or [t["preview_ok"]]
     return "\n\n".join(lines), p.rendered

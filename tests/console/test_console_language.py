@@ -111,3 +111,15 @@ def test_a_stale_save_and_a_parents_delete_are_refused_in_the_consoles_language(
     assert refusal("en", parent) == str(parent) == (
         "'售后' is the parent of '售后-手机', '售后-家电'; delete or re-create those first.")
     assert refusal("zh", ValueError("other")) is None
+
+
+def test_the_previews_warnings_speak_the_consoles_language():
+    from app.console.i18n import hazard_text
+    from app.console.preview import cache_hazards, hazards
+
+    text = "Hello {customer_name}.\n今天的优惠"
+    zh = [hazard_text(TEXT["zh"], h) for h in hazards(text)]
+    assert zh == ["第 1 行：'{customer_name}' 像是占位符；如果每次请求都填入不同内容，前缀就会变化，它之后的内容都无法缓存。"
+                  "请把每位客户的信息放在用户消息里。",
+                  "第 2 行：'今天' 指当天或当前时间；写这种话的文本通常每次请求都会更新，会破坏缓存。"]
+    assert [hazard_text(TEXT["en"], h) for h in hazards(text)] == list(cache_hazards(text))  # the same English
