@@ -75,26 +75,36 @@ def parse(content: str, *, source: str = "<text>") -> TemplateFile:
     )
 
 
+class PresentationError(ValueError):
+    """A title or suggested questions refused: ``code`` names the rule and ``params`` its numbers, for a console
+    that says it in its own language; the message is the English."""
+
+    def __init__(self, code: str, message: str, **params: int):
+        super().__init__(message)
+        self.code, self.params = code, params
+
+
 def check_presentation(title: str, examples: list[str] | tuple[str, ...]) -> tuple[str, tuple[str, ...]]:
-    """``(title, examples)`` as stored: stripped, empty questions dropped; raises ValueError saying what to
+    """``(title, examples)`` as stored: stripped, empty questions dropped; raises PresentationError saying what to
     change when the title or a question is too long, or there are too many questions."""
     title = title.strip()
     questions = tuple(q.strip() for q in examples if q.strip())
     if len(title) > MAX_TITLE_CHARS:
-        raise ValueError(f"the title has {len(title):,} characters; at most {MAX_TITLE_CHARS} fit the topic picker. "
-                         "Shorten it.")
+        raise PresentationError("title_chars", f"the title has {len(title):,} characters; at most {MAX_TITLE_CHARS} "
+                                "fit the topic picker. Shorten it.", chars=len(title), limit=MAX_TITLE_CHARS)
     if not title.isprintable():
-        raise ValueError("the title must be one line of text, without line breaks or control characters.")
+        raise PresentationError("title_line", "the title must be one line of text, without line breaks or control "
+                                "characters.")
     if not all(q.isprintable() for q in questions):
-        raise ValueError("a suggested question must be one line of text, without line breaks or control "
-                         "characters.")
+        raise PresentationError("question_line", "a suggested question must be one line of text, without line "
+                                "breaks or control characters.")
     if len(questions) > MAX_EXAMPLES:
-        raise ValueError(f"{len(questions)} suggested questions; an empty chat shows at most {MAX_EXAMPLES}. "
-                         "Keep the best ones.")
+        raise PresentationError("questions", f"{len(questions)} suggested questions; an empty chat shows at most "
+                                f"{MAX_EXAMPLES}. Keep the best ones.", count=len(questions), limit=MAX_EXAMPLES)
     for q in questions:
         if len(q) > MAX_EXAMPLE_CHARS:
-            raise ValueError(f"a suggested question has {len(q):,} characters; at most {MAX_EXAMPLE_CHARS}. "
-                             "Shorten it.")
+            raise PresentationError("question_chars", f"a suggested question has {len(q):,} characters; at most "
+                                    f"{MAX_EXAMPLE_CHARS}. Shorten it.", chars=len(q), limit=MAX_EXAMPLE_CHARS)
     return title, questions
 
 

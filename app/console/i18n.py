@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from app.db.templates import ParentHasChildren, StaleVersion
+from app.db.templates import ParentHasChildren, PresentationRefused, StaleVersion
 
 if TYPE_CHECKING:
     from app.console.preview import Hazard
@@ -57,6 +57,12 @@ TEXT: dict[str, dict[str, str]] = {
         "refused_stale": "Conflict: you edited {name} from version {base}, but version {latest} was saved since. "
                          "Nothing was overwritten; reload version {latest}, apply your change again, and save.",
         "refused_parent": "{name} is the parent of {children}; delete or re-create those first.",
+        "refused_title_chars": "The title has {chars:,} characters; at most {limit} fit the topic picker. Shorten it.",
+        "refused_title_line": "The title must be one line of text, without line breaks or control characters.",
+        "refused_question_line": "A suggested question must be one line of text, without line breaks or control "
+                                 "characters.",
+        "refused_questions": "{count} suggested questions; an empty chat shows at most {limit}. Keep the best ones.",
+        "refused_question_chars": "A suggested question has {chars:,} characters; at most {limit}. Shorten it.",
         # templates
         "tpl_headers": "name|parent|language|published|latest|tokens|full KV blocks|pinned|internal|answers|hit rate|"
                        "last used",
@@ -473,6 +479,11 @@ TEXT: dict[str, dict[str, str]] = {
         "refused_stale": "冲突：您是在版本 {base} 的基础上修改 {name} 的，但之后已经保存了版本 {latest}。"
                          "没有覆盖任何内容；请重新载入版本 {latest}，再做一次修改后保存。",
         "refused_parent": "{name} 是 {children} 的父模板；请先删除或重新创建这些模板。",
+        "refused_title_chars": "标题有 {chars:,} 个字，话题选择框最多放得下 {limit} 个字。请缩短。",
+        "refused_title_line": "标题只能是一行文字，不能有换行或控制字符。",
+        "refused_question_line": "每个推荐问题只能是一行文字，不能有换行或控制字符。",
+        "refused_questions": "共 {count} 个推荐问题；空白对话最多显示 {limit} 个。请只保留最好的几个。",
+        "refused_question_chars": "有个推荐问题有 {chars:,} 个字，最多 {limit} 个字。请缩短。",
         "tpl_headers": "名称|父模板|语言|已发布|最新|token 数|完整 KV 块|常驻|内部|回答数|命中率|最近使用",
         "yes": "是",
         "tpl_choose": "模板",
@@ -837,10 +848,12 @@ def audit_word(language: str, kind: str, value: str) -> str:
 
 def refusal(language: str, exc: Exception) -> str | None:
     """A template refusal the console says in ``language`` from the exception's fields (the stale save, the
-    parent's delete), or None for one whose message is said as it is."""
+    parent's delete, a title or suggested questions refused), or None for one whose message is said as it is."""
     t = TEXT[language]
     if isinstance(exc, StaleVersion):
         return t["refused_stale"].format(name=repr(exc.name), base=exc.base_version, latest=exc.latest_version)
+    if isinstance(exc, PresentationRefused):
+        return t[f"refused_{exc.code}"].format(**exc.params)
     if isinstance(exc, ParentHasChildren):
         comma = "、" if language == "zh" else ", "
         return t["refused_parent"].format(name=repr(exc.name), children=comma.join(map(repr, exc.children)))

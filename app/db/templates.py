@@ -49,6 +49,12 @@ class ParentHasChildren(TemplateAdminError):
         self.name, self.children = name, tuple(children)  # the console says it in its own language
 
 
+class PresentationRefused(TemplateAdminError):
+    def __init__(self, refused: template_files.PresentationError):
+        super().__init__(str(refused)[:1].upper() + str(refused)[1:])
+        self.code, self.params = refused.code, refused.params  # the console says it in its own language
+
+
 class StaleVersion(TemplateAdminError):
     def __init__(self, name: str, base_version: int, latest_version: int):
         super().__init__(
@@ -283,8 +289,8 @@ def set_presentation(s: Session, *, name: str, title: str, examples: Sequence[st
     t = _get(s, name)
     try:
         title, questions = template_files.check_presentation(title, tuple(examples))
-    except ValueError as exc:
-        raise TemplateAdminError(str(exc)[:1].upper() + str(exc)[1:]) from None
+    except template_files.PresentationError as exc:
+        raise PresentationRefused(exc) from None
     before = (t.title, _examples(t))
     if before != (title, questions):
         t.title, t.examples = title, "\n".join(questions)

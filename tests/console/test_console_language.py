@@ -123,3 +123,23 @@ def test_the_previews_warnings_speak_the_consoles_language():
                   "请把每位客户的信息放在用户消息里。",
                   "第 2 行：'今天' 指当天或当前时间；写这种话的文本通常每次请求都会更新，会破坏缓存。"]
     assert [hazard_text(TEXT["en"], h) for h in hazards(text)] == list(cache_hazards(text))  # the same English
+
+
+def test_a_topics_title_and_questions_are_refused_in_the_consoles_language():
+    from app import template_files
+    from app.console.i18n import refusal
+    from app.db.templates import PresentationRefused
+
+    def refused(title: str, questions: list[str]) -> PresentationRefused:
+        with pytest.raises(template_files.PresentationError) as caught:
+            template_files.check_presentation(title, questions)
+        return PresentationRefused(caught.value)
+
+    refusals = [refused("", [f"问题{i}" for i in range(5)]), refused("长" * 61, []), refused("a\nb", []),
+                refused("", ["a\tb"]), refused("", ["问" * 1201])]
+    assert [refusal("zh", exc) for exc in refusals] == [
+        "共 5 个推荐问题；空白对话最多显示 4 个。请只保留最好的几个。", "标题有 61 个字，话题选择框最多放得下 60 个字。请缩短。",
+        "标题只能是一行文字，不能有换行或控制字符。", "每个推荐问题只能是一行文字，不能有换行或控制字符。",
+        "有个推荐问题有 1,201 个字，最多 200 个字。请缩短。"]
+    assert [refusal("en", exc) for exc in refusals] == [str(exc) for exc in refusals]  # the English as it was
+    assert str(refusals[0]) == "5 suggested questions; an empty chat shows at most 4. Keep the best ones."
