@@ -87,7 +87,8 @@ JS = (STATIC / "chat.js").read_text(encoding="utf-8")
 def page_js(language: str) -> str:
     """The page's script with the texts it shows itself, in the UI language."""
     t = TEXT[language]
-    shown = ("offline", "offline_title", "cut_off", "notice", "waiting_person", "with_person", "released")
+    shown = ("offline", "offline_title", "cut_off", "notice", "waiting_person", "with_person", "released", "pasted_cut",
+             "delete_confirm")
     return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in shown}))
 
 
@@ -835,8 +836,8 @@ def when(m: MessageRow) -> str:
 def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     text = shown_answer(m.text).rstrip() if m.text else ""
     out = [_message("assistant", text)] if text else []
-    if m.author:  # a person's reply, marked as theirs
-        out.append(_message("assistant", when(m), f"{t['person'].format(name=m.author)} · {when(m)}", m.id))
+    if m.author:  # a person's reply, marked as a person's (``author`` is their console login: not said)
+        out.append(_message("assistant", when(m), f"{t['person']} · {when(m)}", m.id))
     elif m.status == "ok":
         title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "") + f" · {when(m)}"
         out.append(_message("assistant", caption_details(m, language), title, m.id))
@@ -865,7 +866,8 @@ async def _conversation_choices(desk: Desk, session_key: str, t: dict, current: 
 
 
 def _choices(rows: list[ConversationRow], t: dict, current: int | None = None):
-    choices = [(f"{c.created_at:%m-%d %H:%M} · {c.title or '…'}", c.id) for c in rows]
+    # In UTC, as captions: the page's script shows it in the customer's own time zone (static/chat.js).
+    choices = [(f"{c.created_at:%Y-%m-%d %H:%M} UTC · {c.title or '…'}", c.id) for c in rows]
     value = current if any(c.id == current for c in rows) else None
     return gr.update(choices=choices, value=value, label=t["history"] if choices else t["no_conversations"])
 

@@ -52,7 +52,7 @@ TEXT = {
         "continue": "继续",
         "with_person": "人工客服正在处理这段对话，回复会显示在这里。",
         "waiting_person": "已为您转接人工客服，请稍候，回复会显示在这里。",
-        "person": "人工客服 {name}",
+        "person": "人工客服",  # never the operator's login name: an account is no name for customers
         "person_button": "转人工",
         "person_asked": "已转接人工客服",
         "person_first": "请先描述您的问题，再转人工客服。",
@@ -67,8 +67,10 @@ TEXT = {
         "rename": "重命名",
         "rename_placeholder": "新的标题",
         "delete": "删除对话",
+        "delete_confirm": "确定删除这段对话吗？删除后无法恢复。",
         "edit": "修改上一个问题",
         "examples": "您可以这样问：",
+        "pasted_cut": "粘贴的内容超过 {limit} 字的上限，只保留了前 {limit} 字。请缩短或分成几条发送。",
         "refusals": {
             "not_text": "这条消息无法读取，请重新输入后发送。",
             "empty": "请输入问题后再发送。",
@@ -136,12 +138,12 @@ TEXT = {
         "first_text": "first text on screen {ms} ms",
         "server_start": "server began replying {ms} ms",
         "reused": "reading reused {percent}%",
-        "speed": "{rate} per second",
+        "speed": "{rate} characters per second",
         "cut_off": "Long answer, cut short",
         "continue": "Continue",
         "with_person": "A person is answering this conversation; their reply will appear here.",
         "waiting_person": "We are finding a person to help you; their reply will appear here.",
-        "person": "{name}, customer service",
+        "person": "Support agent",
         "person_button": "Talk to a person",
         "person_asked": "A person has been asked to help",
         "person_first": "Please describe your question first, then ask for a person.",
@@ -156,8 +158,11 @@ TEXT = {
         "rename": "Rename",
         "rename_placeholder": "New title",
         "delete": "Delete conversation",
+        "delete_confirm": "Delete this conversation? It cannot be brought back.",
         "edit": "Edit last question",
         "examples": "You could ask:",
+        "pasted_cut": "The pasted text was longer than the {limit}-character limit; only the first {limit} characters "
+                      "were kept. Please shorten it or send it in parts.",
         "refusals": {
             "not_text": "This message could not be read. Please type it again and send.",
             "empty": "Please type a question before sending.",
@@ -266,8 +271,19 @@ def caption_details(m: MessageRow, language: str) -> str:
         parts.append(t["server_start"].format(ms=f"{m.ttft_ms:.0f}"))
     if m.prompt_tokens and (percent := reused_percent(m.num_cached_tokens, m.shared_tokens)) is not None:
         parts.append(t["reused"].format(percent=percent))  # a share of the shared prefix: the same in every arm
-    if m.decode_tokens_per_s:
-        parts.append(t["speed"].format(rate=f"{m.decode_tokens_per_s:.0f}"))
+    if (rate := chars_per_s(m)) is not None:
+        parts.append(t["speed"].format(rate=f"{rate:.0f}"))
     if m.replica:
         parts.append(m.replica)
     return " · ".join(parts)
+
+
+def chars_per_s(m: MessageRow) -> float | None:
+    """How fast the answer's text came, in characters a second (what "每秒 N 字" promises), or None when not measured.
+
+    The engine measures tokens a second while it writes (``decode_tokens_per_s``); a token is a piece of a word or
+    several characters, so the same speed reads 4 字 in Chinese and 12 in English. The answer's characters per
+    token turn it into characters: its text over its tokens, times their rate."""
+    if not m.decode_tokens_per_s or not m.output_tokens or not m.text:
+        return None
+    return m.decode_tokens_per_s * len(m.text) / m.output_tokens

@@ -75,7 +75,9 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
                           text="您好，我是王芳，马上为您处理。"))
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('马上为您处理')",
                            timeout=15_000)  # the page's poll, every 3 s
-    assert page.locator("#chatbot .thought-group .title").filter(has_text="人工客服 王芳").count() == 1
+    titles = page.locator("#chatbot .thought-group .title")
+    assert titles.filter(has_text="人工客服 · ").count() == 1  # a person's, not the operator's login name
+    assert not any("王芳" in title for title in titles.all_inner_texts())
     assert_tidy(page)
     screenshot(page, "chat-person")
 
@@ -87,7 +89,30 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
     ask(page, after, watch=False)
     wait_until(lambda: (rows := conversation(db, question))[-1]["role"] == "assistant"
                and rows[-1]["status"] == "ok" and rows[-2]["text"] == after, 60, "the model's answer")
-    assert "人工客服 王芳" in "".join(page.locator("#chatbot .thought-group .title").all_inner_texts())
+    assert "人工客服 · " in "".join(page.locator("#chatbot .thought-group .title").all_inner_texts())
     assert faults(page) == []
     assert not any("⚠" in t for t in bot_texts(page))
+    page.close()
+
+
+def test_the_composer_is_free_again_after_each_message_a_person_has(browser, server_url, db, services, aio):
+    # Each message sent while a person has the conversation is stored and answered by a notice; the second notice
+    # says what the first said, and the page took it for no answer at all: Stop stayed lit, Retry dimmed.
+    page = open_chat(browser, server_url, DESKTOP)
+    question = f"我的包裹丢了 {tag()}"
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    conversation_id = conversation(db, question)[0]["conversation_id"]
+    page.locator("#person").click()
+    page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
+                           timeout=30_000)
+    aio(services.db.write(db_conversations.take, conversation_id=conversation_id, operator="王芳"))
+    for n in (1, 2, 3):
+        ask(page, f"还在吗？第 {n} 次 {tag()}", watch=False)
+        page.wait_for_function("n => [...document.querySelectorAll('#chatbot [data-testid=bot]')]"
+                               ".filter(m => m.innerText.includes('人工客服正在处理这段对话')).length === n",
+                               arg=n, timeout=30_000)
+        page.wait_for_function("() => !document.querySelector('#pd-composer').classList.contains('pd-streaming')",
+                               timeout=30_000)
+    assert [r["role"] for r in conversation(db, question)] == ["user", "assistant", "user", "user", "user"]
+    assert faults(page) == []
     page.close()

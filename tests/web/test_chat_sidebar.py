@@ -5,7 +5,7 @@ import uuid
 
 from tests.helpers.attack import config, dependency
 from tests.helpers.browser import DESKTOP, assert_tidy, screenshot
-from tests.helpers.chat_page import ask, caption, conversation, faults, open_chat, tag
+from tests.helpers.chat_page import ask, caption, clock, conversation, faults, open_chat, tag
 from tests.helpers.waiting import wait_until
 
 
@@ -27,7 +27,18 @@ def test_rename_then_delete_and_the_next_message_starts_afresh(browser, server_u
     assert_tidy(page)
     screenshot(page, "chat-renamed")
 
+    asked = []  # deleting asks first: taken back, nothing is deleted
+    page.once("dialog", lambda dialog: (asked.append((dialog.type, dialog.message)), dialog.dismiss()))
     page.locator("#delete").click()
+    assert asked == [("confirm", "确定删除这段对话吗？删除后无法恢复。")]
+    renamed = f"{title} 2"  # an event after it comes back: the delete, had it gone, went before it
+    page.locator("#new-title textarea, #new-title input").first.fill(renamed)
+    page.locator("#rename").click()
+    page.locator("#conversations label").filter(has_text=renamed).wait_for(timeout=30_000)
+    assert db["conversations"].get(conversation_id)["deleted_at"] is None
+    page.once("dialog", lambda dialog: (asked.append((dialog.type, dialog.message)), dialog.accept()))
+    page.locator("#delete").click()
+    assert len(asked) == 2
     page.locator("#conversations label").filter(has_text=title).wait_for(state="detached", timeout=30_000)
     assert db["conversations"].get(conversation_id)["deleted_at"] is not None
     assert page.locator("#chatbot [data-testid=user]").count() == 0
@@ -85,3 +96,24 @@ HOLD_JS = """
   };
 })();
 """
+
+
+def test_the_sidebar_says_when_in_the_customers_own_time_as_captions_do(browser, server_url, db):
+    # The sidebar showed UTC (08:03) beside captions in the customer's time (16:03): both are the browser's now.
+    context = browser.new_context(viewport=DESKTOP, timezone_id="Asia/Shanghai")  # 8 hours from UTC, no summer time
+    try:
+        page = open_chat(browser, server_url, page=context.new_page())
+        question = f"几点发货？{tag()}"
+        caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+        started = db["conversations"].get(conversation(db, question)[0]["conversation_id"])["created_at"]
+        local = clock(page, started)
+        assert local != started[11:16]  # Shanghai's clock is not UTC's
+        label = page.locator("#conversations label").filter(has_text=question[:5]).first
+        label.wait_for(timeout=30_000)
+        page.wait_for_function("([q, start]) => [...document.querySelectorAll('#conversations label')]"
+                               ".some(l => l.innerText.includes(q) && l.innerText.trim().startsWith(start))",
+                               arg=[question[:5], f"{local} · "], timeout=30_000)
+        assert "UTC" not in label.inner_text()
+        assert faults(page) == []
+    finally:
+        context.close()

@@ -49,6 +49,26 @@ def test_a_refusal_is_said_with_its_parameters_and_an_unknown_one_is_the_apology
                                                               "api_history", "api_tenant"}
 
 
+def test_the_captions_speed_counts_characters_not_tokens():
+    from datetime import UTC, datetime
+
+    from app.db.rows import MessageRow
+    from app.web.chat_text import caption_details
+
+    def answer(text: str, output_tokens: int | None, rate: float | None) -> MessageRow:
+        return MessageRow(id=1, conversation_id=1, role="assistant", text=text, status="ok", error=None,
+                          template_version_id=1, prompt_tokens=None, num_cached_tokens=None, ttft_ms=None,
+                          output_tokens=output_tokens, decode_tokens_per_s=rate, replica=None,
+                          created_at=datetime(2026, 12, 2, tzinfo=UTC), first_visible_ms=850)
+
+    # 120 characters in 40 tokens written at 4 tokens a second: 12 characters a second, not "4 字".
+    assert caption_details(answer("退" * 120, 40, 4.0), "zh") == "首字显示 850 毫秒 · 每秒 12 字"
+    assert caption_details(answer("a" * 300, 60, 20.0), "en") == (
+        "first text on screen 850 ms · 100 characters per second")
+    assert caption_details(answer("退" * 120, 1, 0.0), "zh") == "首字显示 850 毫秒"  # one token: no speed measured
+    assert caption_details(answer("", None, None), "zh") == "首字显示 850 毫秒"
+
+
 def notices(page) -> list[str]:
     return page.locator("#chatbot [data-testid=bot]").evaluate_all(
         "ms => ms.map(m => m.innerText.trim()).filter(t => t.startsWith('提示：') || t.startsWith('Note: '))")
@@ -91,3 +111,29 @@ def test_a_zh_customer_reads_refusals_in_plain_chinese_and_they_never_stack(brow
     page.locator(ANSWERS).first.wait_for(timeout=30_000)
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('这条消息太长了')")
     page.close()
+
+
+def test_a_paste_longer_than_a_message_may_be_is_cut_and_the_page_says_so_with_the_limit(browser, server_url):
+    # The box keeps 20,000 characters (the desk's limit): a longer paste was cut with no word said.
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server_url.rstrip("/"))
+        page = open_chat(browser, server_url, page=context.new_page())
+        box = page.locator("#message textarea")
+        page.evaluate("t => navigator.clipboard.writeText(t)", "退" * 20_001)
+        box.click()
+        box.press("Control+V")
+        note = page.locator("#pd-paste-cut")
+        note.wait_for(timeout=30_000)
+        assert note.inner_text() == "提示：粘贴的内容超过 20000 字的上限，只保留了前 20000 字。请缩短或分成几条发送。"
+        assert box.input_value() == "退" * 20_000
+        box.fill("")  # typing it shorter takes the note away
+        note.wait_for(state="detached", timeout=30_000)
+        page.evaluate("t => navigator.clipboard.writeText(t)", "退" * 19_999)  # one that fits says nothing
+        box.press("Control+V")
+        page.wait_for_function("() => document.querySelector('#message textarea').value.length === 19999",
+                               timeout=30_000)
+        assert note.count() == 0
+        assert faults(page) == []
+    finally:
+        context.close()

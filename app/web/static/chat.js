@@ -22,7 +22,7 @@
     const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
     const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
     delete state.byAnswer[index]; delete state.reported[index];
-    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : ''};
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : '', bots: botCount()};
   };
   const report = (ms) => {
     const box = document.querySelector('#pd-glyph-report textarea');
@@ -57,6 +57,14 @@
   // What the customer typed survives a reload and a server restart (after which Gradio reloads the page): the
   // box's text is kept in the browser as it is typed, and a question on its way until the page shows it.
   const TEXT = /*PD_TEXT*/{};
+  // Deleting a conversation asks first: a click the customer takes back reaches no handler (window's capture phase
+  // runs before the page's and Gradio's own).
+  window.addEventListener('click', (e) => {
+    if (e.target.closest && e.target.closest('#delete') && !window.confirm(TEXT.delete_confirm)) {
+      e.stopImmediatePropagation();
+      e.preventDefault();
+    }
+  }, true);
   const DRAFT = 'prefixdesk-draft', SENDING = 'prefixdesk-sending';
   const keep = (k, v) => { try { if (v) localStorage.setItem(k, v); else localStorage.removeItem(k); } catch (e) {} };
   const kept = (k) => { try { return localStorage.getItem(k) || ''; } catch (e) { return ''; } };
@@ -84,6 +92,32 @@
     }, 300);
   };
   restore(300);
+  // The box keeps at most its maxlength (the desk's limit on a message): the browser cuts a longer paste without a
+  // word, so the page says so, with the limit, under the composer until the box is short of the limit again.
+  const pasteCut = (show) => {
+    let note = document.querySelector('#pd-paste-cut');
+    if (!show) { if (note) note.remove(); return; }
+    const row = document.querySelector('#pd-composer');
+    if (!row) return;
+    if (!note) {
+      note = document.createElement('div');
+      note.id = 'pd-paste-cut';
+      note.setAttribute('role', 'status');
+      row.after(note);
+    }
+    note.textContent = TEXT.notice + TEXT.pasted_cut.replaceAll('{limit}', String(box().maxLength));
+  };
+  document.addEventListener('paste', (e) => {
+    const b = e.target.closest && e.target.closest('#message textarea');
+    if (!b || !(b.maxLength > 0)) return;
+    const pasted = (e.clipboardData && e.clipboardData.getData('text')) || '';
+    const left = b.value.length - ((b.selectionEnd || 0) - (b.selectionStart || 0));
+    pasteCut(left + pasted.length > b.maxLength);
+  }, true);
+  document.addEventListener('input', (e) => {
+    const b = e.target.closest && e.target.closest('#message textarea');
+    if (b && b.value.length < b.maxLength) pasteCut(false);
+  }, true);
   // Copy gives what the customer reads: Gradio copies a message's value, which for an answer is the HTML made from
   // its Markdown (app/web/render.py) and for other messages text with < > & escaped. (Without the clipboard API,
   // on a page not served over https, Gradio copies through a textarea of its own: the HTML.) The value is read as HTML
@@ -132,6 +166,8 @@
       const title = toast.querySelector('.toast-title-row span');
       if (title) title.innerText = TEXT.offline_title || title.innerText;
       fill(kept(SENDING));
+      if (state.pending) state.pending.done = true;  // nothing more comes for it: the composer is free again
+      composer();
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   // The composer says what can be done now: Stop only while an answer streams, Retry only when it has ended,
@@ -140,12 +176,15 @@
     const bots = document.querySelectorAll('#chatbot [data-testid=bot]');
     return bots.length ? bots[bots.length - 1].innerText.trim() : '';
   };
+  const botCount = () => document.querySelectorAll('#chatbot [data-testid=bot]').length;
   const composer = () => {
     const p = state.pending, groups = answers(), last = groups[groups.length - 1];
     if (p && !p.done) {
       const group = groups[p.index], bot = lastBot();
       const answered = group && captioned(group) && (!p.retry || p.fresh);
-      const refused = bot !== p.bot && bot.startsWith(TEXT.notice.trim());
+      // A notice ends it too (a refusal, a person's conversation): a new one, even when it says what the last
+      // one said (a second break-off, a second message while a person has the conversation).
+      const refused = (bot !== p.bot || botCount() !== p.bots) && bot.startsWith(TEXT.notice.trim());
       if (answered || refused) p.done = true;
     }
     const streaming = !!p && !p.done;
@@ -168,8 +207,8 @@
     }
     document.querySelector('#pd-actions')?.classList.toggle('pd-with-person', person);
   };
-  // Captions say when in UTC ("2026-12-01 08:03 UTC"); the customer reads their own clock: "16:03" today,
-  // "11-30 16:03" before.
+  // Captions and the sidebar's conversations say when in UTC ("2026-12-01 08:03 UTC"); the customer reads their own
+  // clock: "16:03" today, "11-30 16:03" before.
   const UTC = /(\d{4})-(\d\d)-(\d\d) (\d\d):(\d\d) UTC/;
   const two = (n) => String(n).padStart(2, '0');
   const local = (m) => {
@@ -177,7 +216,13 @@
     const time = `${two(d.getHours())}:${two(d.getMinutes())}`;
     return d.toDateString() === now.toDateString() ? time : `${two(d.getMonth() + 1)}-${two(d.getDate())} ${time}`;
   };
+  const SIDEBAR_UTC = new RegExp('^' + UTC.source);  // a conversation's label begins with it (its title follows)
   const localTimes = () => {
+    for (const label of document.querySelectorAll('#conversations label span')) {
+      const node = [...label.childNodes].find((n) => n.nodeType === Node.TEXT_NODE && n.data.trim());
+      const m = node && node.data.trimStart().match(SIDEBAR_UTC);
+      if (m) node.data = node.data.trimStart().replace(SIDEBAR_UTC, local(m));
+    }
     for (const el of document.querySelectorAll('#chatbot .thought-group')) {
       const walk = document.createTreeWalker(el, NodeFilter.SHOW_TEXT);
       for (let node = walk.nextNode(); node; node = walk.nextNode()) {
