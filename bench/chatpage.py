@@ -258,6 +258,13 @@ class ChatPageTarget:
         session_hash = uuid.uuid4().hex[:11]  # as the browser's: 11 characters
         customer = Customer(session_hash)
         timer.sent()
+        # The page's config, as a browser fetches it: its answer hands the browser the cookie the server's session
+        # claims need (and, behind the web tier, the proxy's cookie that keeps it with one process).
+        async with self.session.get(self.base_url + CONFIG_PATH, headers=customer.headers()) as r:
+            customer.keep_cookie(r)
+            if r.status != 200:
+                raise ChatPageError(f"GET /config: HTTP {r.status}")
+            await r.read()
         load_inputs = send_inputs(page.load, question="", template="", session_key="")
         if page.load.queued:
             loaded, _ = await self._event(page.load, load_inputs, customer)

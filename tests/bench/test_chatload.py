@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from app.web.chat import _message, shown_answer
 from bench import chatstub
 from bench.chatpage import ChatPageTarget
 from bench.loadgen import Timer
@@ -60,7 +61,9 @@ def test_the_chat_target_speaks_to_the_real_chat_page_as_a_browser_does(server_u
     outcome, timer = run_alone(one())
     (user,) = db["messages"].rows_where("role = 'user' and text = ?", [question])
     (answer,) = db["messages"].rows_where("conversation_id = ? and role = 'assistant'", [user["conversation_id"]])
-    assert (answer["status"], answer["text"]) == ("ok", outcome.text)  # what the page showed is what was stored
+    # What the page showed is what was stored, as the chat shows an answer (its Markdown as HTML).
+    shown = _message("assistant", shown_answer(answer["text"]).rstrip())["content"][0]["text"]
+    assert (answer["status"], shown) == ("ok", outcome.text)
     # The caption says the share of the template's shared prefix reused (the same in a split's arms), not tokens.
     assert (outcome.prompt_tokens, outcome.engine_ttft_ms) == (100, round(answer["ttft_ms"]))
     assert 0 <= outcome.cached_tokens <= 100 and (outcome.cached_tokens > 0) == (answer["num_cached_tokens"] > 0)

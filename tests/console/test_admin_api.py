@@ -69,12 +69,12 @@ def test_stale_save_and_parent_delete_are_refused_in_the_status_line(admin):
     admin.predict(name, "", "en", TEXT, api_name="/create")
     admin.predict(name, TEXT + "\nPolicy 10: be kind.", 1, api_name="/save")
     status, *_ = admin.predict(name, TEXT + "\nPolicy 10: be quick.", 1, api_name="/save")
-    assert status == (f"⛔ Conflict: you edited '{name}' from version 1, but version 2 was saved since. Nothing was "
-                      "overwritten; reload version 2, apply your change again, and save.")
+    assert status == (f"⛔ 冲突：您是在版本 1 的基础上修改 '{name}' 的，但之后已经保存了版本 2。没有覆盖任何内容；请重新载入版本 2，"
+                      "再做一次修改后保存。")  # the zh console's words
     child = f"child-{uuid.uuid4().hex[:8]}"
     admin.predict(child, name, "en", "Category: boots.", api_name="/create")
     status, *_ = admin.predict(name, api_name="/delete")
-    assert status == f"⛔ '{name}' is the parent of '{child}'; delete or re-create those first."
+    assert status == f"⛔ '{name}' 是 '{child}' 的父模板；请先删除或重新创建这些模板。"
     audit = rows_of(admin.predict(api_name="/audit"))
     assert [r[1:7] for r in audit[:3]] == [  # the zh console's words for the actions and fields
         ["op-api", "创建", child, "最新版本", "", "1"],
