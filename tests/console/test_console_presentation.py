@@ -38,7 +38,7 @@ def test_an_operator_titles_a_topic_and_suggests_its_questions(browser, server_u
     examples.fill("\n".join(f"问题{i}？" for i in range(5)))
     page.locator("#present").click()
     status.get_by_text("⛔", exact=False).wait_for(timeout=30_000)
-    assert "5 suggested questions; an empty chat shows at most 4. Keep the best ones." in status.inner_text()
+    assert "共 5 个推荐问题；空白对话最多显示 4 个。请只保留最好的几个。" in status.inner_text()  # the zh console's words
     assert services.catalog.get(name).examples == ()  # nothing written
 
     title.fill("退换货")
