@@ -70,13 +70,14 @@ def test_ratings_and_first_text_times_past_a_clients_share_are_not_counted(fresh
     def report(session, client, m, ms):
         return aio(desk.first_visible(session_key=session, conversation_id=m.conversation_id, ms=ms, client=client))
 
-    reported = [report("s1", A, c1[-1], 1), report("s2", A, c2, 1), report("s3", A, c3, 1),
-                report("s5", A, c5, 1), report("s4", B, c4, 600_000)]
+    # (A first-text time sooner than the engine's first token is refused on its own: these are all later.)
+    reported = [report("s1", A, c1[-1], 500_000), report("s2", A, c2, 500_000), report("s3", A, c3, 500_000),
+                report("s5", A, c5, 500_000), report("s4", B, c4, 600_000)]
     assert [r is not None for r in reported] == [True, True, True, False, True]
     stored = {r["id"]: r["first_visible_ms"] for r in rows.query(
         "select id, first_visible_ms from messages where role = 'assistant'")}
-    assert stored == {c1[0].id: None, c1[1].id: None, c1[2].id: 1.0, c2.id: 1.0, c3.id: 1.0, c5.id: None,
-                      c4.id: 600_000.0}
+    assert stored == {c1[0].id: None, c1[1].id: None, c1[2].id: 500_000.0, c2.id: 500_000.0, c3.id: 500_000.0,
+                      c5.id: None, c4.id: 600_000.0}
 
 
 def test_idle_keys_are_forgotten():
