@@ -44,10 +44,11 @@ class ExportFiles:
         now = self._clock()
         with self._lock:
             old = [folder for folder, made in self._made.items() if now - made >= self.ttl_s]
-            for folder in old:
-                del self._made[folder]
         for folder in old:
             shutil.rmtree(folder, ignore_errors=True)
+        with self._lock:  # only once gone from the disk: kept() says what is still there
+            for folder in old:
+                self._made.pop(folder, None)
         return len(old)
 
     def kept(self) -> list[Path]:
