@@ -188,6 +188,13 @@ def test_what_the_customer_types_while_an_answer_streams_stays_and_the_sidebar_l
     raise AssertionError("three answers ended before the customer typed: the page was too late each time")
 
 
+def shown_html(text: str) -> str:
+    """A stored answer's text as the chat shows it (its Markdown as HTML): what Gradio names the message by."""
+    from app.web.chat import _message, shown_answer
+
+    return _message("assistant", shown_answer(text).rstrip())["content"][0]["text"]
+
+
 def test_retry_on_a_reopened_conversation_replaces_the_last_answer(browser, server_url, db):
     page = open_chat(browser, server_url)
     tag = uuid.uuid4().hex[:6]
@@ -215,7 +222,7 @@ def test_retry_on_a_reopened_conversation_replaces_the_last_answer(browser, serv
         return answers.length === n && answers[n - 1].querySelector('.thought-group')
             && words(answers[n - 1].querySelector('[data-testid=bot]').getAttribute('aria-label'))
                === words("bot's message: " + text);
-    }""", arg=[2, retried["text"]], timeout=30_000)
+    }""", arg=[2, shown_html(retried["text"])], timeout=30_000)
     chat = page.locator("#chatbot")
     assert [chat.locator("[data-testid=user]").nth(i).inner_text() for i in range(2)] == questions
     assert chat.locator("[data-testid=user]").count() == 2
