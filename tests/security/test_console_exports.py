@@ -10,6 +10,7 @@ without a copy), removed EXPORT_TTL_S after it was made (at the next export, and
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 from pathlib import Path
 
 from gradio_client import Client
@@ -51,7 +52,9 @@ def test_the_timer_removes_an_export_nobody_follows(tmp_path):
         while exports.kept():  # exact state: the timer's prune has run
             await asyncio.sleep(0.01)
 
-    asyncio.run(asyncio.wait_for(export_and_wait(), 60))
+    # On a thread of its own: the session's browser may keep an event loop running on this one.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, asyncio.wait_for(export_and_wait(), 60)).result()
     assert list(tmp_path.iterdir()) == []
 
 

@@ -3,6 +3,7 @@ engine it shares was busy with another server's answer) reports why, never ready
 succeeds."""
 
 import json
+import os
 import urllib.request
 
 from app.engine import Delta
@@ -24,7 +25,7 @@ def test_a_failed_start_up_warm_up_is_never_reported_ready_and_is_tried_again(se
     info = engine.info
     expected = {"model": info.model, "demo_model": info.is_demo_model, "backend": info.backend,
                 "block_size": info.block_size, "num_blocks": info.num_blocks, "precision": info.precision,
-                "restarts": engine.restarts, "restarting": False}
+                "restarts": engine.restarts, "restarting": False, "process": os.getpid()}  # the server runs in here
     # One answer in flight on an engine that takes one at a time: each warm-up request is told the desk is busy.
     busy = engine.stream(list(range(100, 140)), max_tokens=1500, ignore_eos=True, step_delay_ms=200)
     cap, engine.max_concurrent_requests = engine.max_concurrent_requests, 1
