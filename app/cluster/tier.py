@@ -31,7 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from app.cluster.processes import Cluster, check_ports, tail
-from app.cluster.spec import (ClusterError, ClusterOptions, PortUse, ProcessSpec, ReplicaSpec, count_gpus,
+from app.cluster.spec import (ClusterError, ClusterOptions, PortUse, ProcessSpec, ReplicaSpec, _near, count_gpus,
                               plan_cluster, usable_cpus)
 from app.settings import Settings, parse_networks
 
@@ -254,6 +254,3 @@ def _watch(tier: Cluster, plan: TierPlan, stop: threading.Event) -> bool:
                 launched[name] = time.monotonic()
     return False
 
-
-def _near(host: str) -> str:
-    return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
