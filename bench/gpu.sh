@@ -340,12 +340,12 @@ chat)
   # (repeat 2: $SKIP_CHAT): ~540 s. The deadline skips what would not end in time (last first: that /v1 run);
   # PD_CHAT_SKIP=remote@50,remote@70 runs the chat alone (~470 s).
   # PD_CHAT_WINDOW_S, PD_CHAT_WARMUP_S, PD_CHAT_SKIP and PD_CHAT_RATES ("--rate 15 --rate 25") change the windows
-  # and the schedule.
+  # and the schedule; PD_CHAT_SET adds settings ("--set stream_interval=4").
   # A server that dies ends the benchmark at once (exit 1), and this stage with it, after the tables.
   start H -- --app-engine local --app-web-processes ${PD_WEB_PROCESSES:-0} --paths chat,remote --client-procs $CLIENTS \
     $R_CHAT --repeats 2 $CHAT_WINDOW \
-    --set temperature=0.7 --set top_p=0.9 --skip "${PD_CHAT_SKIP:-$SKIP_CHAT}" --profile $PROFILE_CHAT \
-    --label "chat page vs /v1, one embedded app"
+    --set temperature=0.7 --set top_p=0.9 ${PD_CHAT_SET:-} --skip "${PD_CHAT_SKIP:-$SKIP_CHAT}" \
+    --profile $PROFILE_CHAT --label "chat page vs /v1, one embedded app"
   ;;
 gradio)
   # The chat's /chat (Gradio's queue, streamed) through gradio_client from $CLIENTS client processes of 64 threads

@@ -7,8 +7,11 @@ the session only in its body, so the affinity keys on a cookie. The proxy is Cad
 static binary that ``make install`` puts beside Python: no root, no system package, and it runs on a GPU host as
 it is): it listens on PREFIXDESK_HOST:PREFIXDESK_PORT, sends a browser without its cookie to the next process in
 turn and sets the cookie (``lb_policy cookie``), checks every process's /healthz each second and sends nobody to
-one that is down. Each process is ``python -m app --worker`` on a loopback port. A process that exits is started
-again; its browsers go to another process meanwhile, and their pages reconnect as after a server restart.
+one that is down. A request that a process died under (its round trip broke before any answer: a kept-alive
+connection to a killed process) is sent again to another (``lb_retry_match``; Caddy retries only GETs by default,
+and Gradio's ``queue/join`` is a POST): the dead process answered nothing and keeps no state. Each process is
+``python -m app --worker`` on a loopback port. A process that exits is started again; its browsers go to another
+process meanwhile, and their pages reconnect as after a server restart.
 
 With PREFIXDESK_ENGINE=local the processes cannot each start vLLM: this supervisor starts ONE ``vllm serve`` on
 loopback (the launcher's replica, app/cluster/spec.py, with the flags the in-process engine uses and its KV-cache
@@ -147,6 +150,9 @@ http://:{settings.port} {{
 \t\t\tfallback round_robin
 \t\t}}
 \t\tlb_try_duration 5s
+\t\tlb_retry_match {{
+\t\t\tmethod GET HEAD POST
+\t\t}}
 \t\thealth_uri /livez
 \t\thealth_interval 1s
 \t\thealth_timeout 5s
