@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from app.console.access import SESSION_COOKIE, ConsoleAccess, LoginRefused
+from app.console.access import DEVICE_COOKIE, DEVICE_TTL_S, SESSION_COOKIE, ConsoleAccess, LoginRefused
 from app.console.i18n import TEXT
 from app.core.callers import ProxyTrust, TenantRefused
 
@@ -59,7 +59,8 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
         except TenantRefused as exc:
             return _refusal(t, str(exc), 403, wants_html)
         try:
-            token = await access.login(name=name.strip(), password=password, client=client)
+            token, mark = await access.login(name=name.strip(), password=password, client=client,
+                                             device=request.cookies.get(DEVICE_COOKIE))
         except LoginRefused as exc:
             message = t["wrong_password"] if exc.status == 401 else str(exc)
             response = _refusal(t, message, exc.status, wants_html, name=kept)
@@ -69,6 +70,8 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
         response = (RedirectResponse(f"{PREFIX}/", status_code=303) if wants_html
                     else JSONResponse({"success": True}))
         response.set_cookie(SESSION_COOKIE, token, max_age=int(access.ttl_s), path=PREFIX, httponly=True,
+                            samesite="strict", secure=_https(request, trust))
+        response.set_cookie(DEVICE_COOKIE, mark, max_age=DEVICE_TTL_S, path=f"{PREFIX}/login", httponly=True,
                             samesite="strict", secure=_https(request, trust))
         return response
 

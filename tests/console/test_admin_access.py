@@ -81,7 +81,7 @@ def test_a_session_expires_after_its_ttl(services, aio):
     operator(services, *OPERATOR)
     clock = ManualClock()
     access = ConsoleAccess(services.db, ttl_s=60, free_attempts=5, clock=clock)
-    token = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
+    token, _ = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
     assert aio(access.operator_of(token)) == OPERATOR[0]
     clock.advance(59.5)
     assert aio(access.operator_of(token, fresh=True)) == OPERATOR[0]

@@ -22,7 +22,7 @@ def test_a_check_reads_the_queue_only_for_a_live_session(console, services, aio)
         check, outputs, _ = build_queue(console)
     assert len(outputs) == 2
     name, password = operator(services, "op-queue-check", "queue check passphrase 3")
-    token = aio(console.access.login(name=name, password=password, client="192.0.2.70"))
+    token, _ = aio(console.access.login(name=name, password=password, client="192.0.2.70"))
     line, data = aio(check(Caller(token)))
     payload = json.loads(data)
     assert (payload["operator"], type(payload["count"]), type(line)) == (name, int, str)
