@@ -19,7 +19,8 @@ import hashlib
 import hmac
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial, wraps
@@ -48,6 +49,7 @@ INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (
 STOPPED = "stopped before the answer was complete"
 PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
 WITH_PERSON = "with_person"  # the status of a turn a person answers (no answer row is stored for it)
+NEW_CONVERSATIONS_KEPT = 10_000  # browsers whose last new conversation a Stop can find (the newest)
 MAX_FIRST_VISIBLE_MS = 600_000  # a browser's first-text measure beyond ten minutes is no measure
 FIRST_VISIBLE_WITHIN = timedelta(minutes=10)  # how late a browser may still report an answer's first text
 # What a template tells the model to write when only a person can help: a finished answer that holds it hands
@@ -139,6 +141,9 @@ class Desk:
         # known yet); then each answer's id, with an event set once its row is finished.
         self._turn_writes: dict[str, set[asyncio.Future]] = {}
         self._writing: dict[int, asyncio.Event] = {}
+        # The conversation each browser's last new-conversation turn on this desk created (the newest
+        # NEW_CONVERSATIONS_KEPT browsers): what a Stop cut off before its page learnt the conversation's id.
+        self._started: OrderedDict[str, int] = OrderedDict()
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -277,18 +282,23 @@ class Desk:
 
     @_refusals_counted
     async def edit_last(self, *, session_key: str, client: str, conversation_id: int, message: Admitted,
-                        tenant: str = "") -> AsyncIterator[Progress | Finished]:
+                        replaces: Callable[[str], bool], tenant: str = "") -> AsyncIterator[Progress | Finished]:
         """Ask the conversation's last question again as the customer edited it (``message``, from ``admit``):
-        the new question and its answer replace the old ones, which are kept for the record."""
+        the new question and its answer replace the old ones, which are kept for the record. ``replaces(text)``
+        tells whether a stored question is the one the customer edited (as their page shows it); when the
+        stored last question is another (another tab asked since), raises DeskInputError("edit_stale") and
+        nothing changes (checked in the edit's own transaction)."""
         assert message.client == client, "a message admitted for another client"
         template = await self._stored_template(client, conversation_id, check_rate=False)  # admit counted it
         try:
             with _refusals(nothing="nothing_to_edit", not_saved="not_saved"):
                 turn = await self._begin(db_conversations.begin_edit, template, session_key=session_key,
                                          conversation_id=conversation_id, text=message.text,
-                                         template_version_id=template.version_id)
+                                         template_version_id=template.version_id, replaces=replaces)
         except db_conversations.WithPerson:  # the person answers what was asked: nothing is replaced under them
             raise DeskInputError("edit_with_person") from None
+        except db_conversations.Stale:
+            raise DeskInputError("edit_stale") from None
         turns = await self._until_generating(turn, template, self._stored_turns(conversation_id))
         if turns and turns[-1].role == "user":
             turns.pop()
@@ -360,6 +370,12 @@ class Desk:
         conversation a Stop cut off is then listed, and its answer known as being written."""
         if begun := self._turn_writes.get(session_key):
             await asyncio.wait(set(begun))
+
+    async def last_started(self, *, session_key: str) -> int | None:
+        """The conversation that this browser's last new-conversation question on this desk started (once its
+        turns are stored), or None: where a Stop that came before the page learnt the id cut the answer off."""
+        await self.turns_written(session_key=session_key)
+        return self._started.get(session_key)
 
     async def list_conversations(self, *, session_key: str) -> list[ConversationRow]:
         return await self._read(db_conversations.list_for, session_key=session_key)
@@ -525,7 +541,8 @@ class Desk:
         # Added before anything awaits the write, so the answer is known as being written before anyone learns the
         # turn was stored.
         self._turn_writes.setdefault(kwargs["session_key"], set()).add(write)
-        write.add_done_callback(partial(self._turn_written, kwargs["session_key"]))
+        new = fn is db_conversations.begin_turn and kwargs.get("conversation_id") is None
+        write.add_done_callback(partial(self._turn_written, kwargs["session_key"], new))
         try:
             return await asyncio.shield(write)
         except asyncio.CancelledError:
@@ -571,7 +588,7 @@ class Desk:
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
         return [Turn(m.role, m.text) for m in rows if m.text and (m.role == "user" or m.status in ("ok", "stopped"))]
 
-    def _turn_written(self, session_key: str, write: asyncio.Future) -> None:
+    def _turn_written(self, session_key: str, new: bool, write: asyncio.Future) -> None:
         writes = self._turn_writes.get(session_key, set())
         writes.discard(write)
         if not writes:
@@ -579,6 +596,11 @@ class Desk:
         if write.cancelled() or write.exception() is not None:
             return
         turn = write.result()[0] if isinstance(write.result(), tuple) else write.result()
+        if new:
+            self._started[session_key] = turn.conversation_id
+            self._started.move_to_end(session_key)
+            if len(self._started) > NEW_CONVERSATIONS_KEPT:
+                self._started.popitem(last=False)
         if turn.answer_id is not None:
             self._writing[turn.answer_id] = asyncio.Event()
 
@@ -623,7 +645,7 @@ def _refusals(*, nothing: str, not_saved: str):
     (``not_saved``). WithPerson passes through: each says it its own way."""
     try:
         yield
-    except db_conversations.WithPerson:
+    except (db_conversations.WithPerson, db_conversations.Stale):
         raise
     except db_conversations.NotYours:
         raise DeskInputError("no_conversation") from None

@@ -148,13 +148,20 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     return TurnIds(conversation_id, last_user.id, answer.id, template_version_id)
 
 
+class Stale(LookupError):
+    """The question an edit replaces is no longer the conversation's last (another tab asked since)."""
+
+
 def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
-               template_version_id: int) -> TurnIds:
+               template_version_id: int, replaces: Callable[[str], bool]) -> TurnIds:
     """Ask the conversation's last question again as ``text`` (the customer edited it): the old question and
     its answers are marked ``replaced`` (kept for the record, never shown or sent as context again), the new
     question is stored with an empty answer to fill. A conversation still titled by the old question takes the
-    new one's title. Raises as _last_question."""
+    new one's title. ``replaces(stored text)`` tells whether the stored last question is the one the customer
+    edited; raises Stale when not, else as _last_question."""
     conv, rows, last_user = _last_question(s, session_key, conversation_id)
+    if not replaces(last_user.text):
+        raise Stale()
     for m in rows:
         if m.id >= last_user.id:
             m.status = "replaced"

@@ -32,7 +32,6 @@ import html
 import inspect
 import json
 from collections.abc import AsyncIterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +42,6 @@ from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, PERSON_MARKE
                            DeskInputError, Finished, Progress)
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
-from app.db.models import utcnow
 from app.db.rows import ConversationRow, MessageRow
 from app.engine import EngineInfo
 from app.core.refusals import Refused
@@ -51,7 +49,6 @@ from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, re
 from app.web.render import markdown_html, streaming_html
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
-STARTED_JUST_NOW = timedelta(seconds=30)  # a conversation a Stop may have cut off before the page learnt its id
 # Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 # Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
@@ -265,10 +262,6 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if index != last_user:
             yield refused(shown, t["refusals"]["edit_last_only"], conversation_id, session_key)
             return
-        stored_last = next((m for m in reversed(rows) if m.role == "user"), None)
-        if stored_last is None or _message("user", stored_last.text) != shown[last_user]:  # another tab asked since
-            yield refused(shown, t["refusals"]["edit_stale"], conversation_id, session_key)
-            return
         value = change.value
         if value is None or (isinstance(value, str) and not value.strip()):
             yield refused(shown, t["empty"], conversation_id, session_key)
@@ -279,8 +272,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         except (TenantRefused, DeskInputError) as exc:
             yield refused(shown, say(exc), conversation_id, session_key)
             return
+        edited = shown[last_user]
         events = desk.edit_last(session_key=key, client=caller.address, conversation_id=conversation_id,
-                                message=admitted, tenant=caller.tenant)
+                                message=admitted, replaces=lambda text: _message("user", text) == edited,
+                                tenant=caller.tenant)
         base = shown[:last_user] + [_message("user", admitted.text)]
         async for update in on_screen(shown, base, conversation_id, key, events, rows=rows):
             yield update
@@ -365,17 +360,19 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
     @_calm(4)
     async def after_stop(conversation_id: Any, session_key: str, shown: list):
         """The stored conversation once the cancelled answer has stored itself as stopped (awaited on its own
-        end, no deadline: app/core/desk.py settled_conversation), and the sidebar's list with it. A Stop that landed before the answer's first text finds the conversation it started
-        (the page did not learn its id yet): the browser's newest, if it began a moment ago."""
+        end, no deadline: app/core/desk.py settled_conversation), and the sidebar's list with it. A Stop that
+        landed before the answer's first text finds the conversation it started (the page did not learn its id
+        yet): the browser's newest, if the desk began it for this browser's last new question."""
         key = keys.browser(session_key)
         conversation_id = _conversation_id(conversation_id)
         if key is None:
             return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         await desk.turns_written(session_key=key)  # a question the Stop caught on its way is stored first
         listed = await desk.list_conversations(session_key=key)
-        if conversation_id is None:
+        if conversation_id is None:  # the newest, if this browser's last question on this desk began it
             newest = listed[0] if listed else None
-            if newest is None or newest.num_messages > 2 or utcnow() - newest.created_at > STARTED_JUST_NOW:
+            started = await desk.last_started(session_key=key)
+            if newest is None or newest.id != started or newest.num_messages > 2:
                 return gr.skip(), gr.skip(), gr.skip(), _choices(listed, t)
             conversation_id = newest.id
         rows = await desk.settled_conversation(session_key=key, conversation_id=conversation_id) or []

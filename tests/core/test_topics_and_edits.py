@@ -120,8 +120,15 @@ def test_an_edited_last_question_replaces_it_and_its_answer_and_keeps_both_on_re
     first = ask(aio, desk, "Can I return boots?")
     cid = first.message.conversation_id
     second = ask(aio, desk, "And jackets?", conversation_id=cid)
+    with pytest.raises(DeskInputError) as stale:  # a page that still shows the first question as the last
+        aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
+                                   message=desk.admit(client=CLIENT, message="And tents?"),
+                                   replaces=lambda text: text == "Can I return boots?")))
+    assert stale.value.code == "edit_stale"
+    assert [m.status for m in db.run(db_conversations.messages, conversation_id=cid)] == ["ok"] * 4  # nothing changed
     edited = aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
-                                        message=desk.admit(client=CLIENT, message="  And tents? "))))[-1]
+                                        message=desk.admit(client=CLIENT, message="  And tents? "),
+                                        replaces=lambda text: text == "And jackets?")))[-1]
     assert isinstance(edited, Finished) and edited.message.status == "ok"
     shown = db.run(db_conversations.messages, conversation_id=cid)
     assert [(m.role, m.text) for m in shown] == [("user", "Can I return boots?"), ("assistant", first.message.text),
@@ -144,16 +151,17 @@ def test_editing_the_only_question_retitles_the_conversation_and_a_person_holds_
     desk = desk_for(services, db=db, catalog=catalog)
     cid = ask(aio, desk, "Where is my order?").message.conversation_id
     aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
-                               message=desk.admit(client=CLIENT, message="Where is order 1042?"))))
+                               message=desk.admit(client=CLIENT, message="Where is order 1042?"),
+                               replaces=lambda text: text == "Where is my order?")))
     assert [c.title for c in aio(desk.list_conversations(session_key="edits"))] == ["Where is order 1042?"]
     assert db.run(db_conversations.request_person, session_key="edits", conversation_id=cid)
     with pytest.raises(DeskInputError) as with_person:  # the person answers what was asked: nothing replaced
         aio(collect(desk.edit_last(session_key="edits", client=CLIENT, conversation_id=cid,
-                                   message=desk.admit(client=CLIENT, message="Hello?"))))
+                                   message=desk.admit(client=CLIENT, message="Hello?"), replaces=lambda _: True)))
     assert with_person.value.code == "edit_with_person"
     with pytest.raises(DeskInputError) as not_yours:
         aio(collect(desk.edit_last(session_key="someone else", client=CLIENT, conversation_id=cid,
-                                   message=desk.admit(client=CLIENT, message="mine now"))))
+                                   message=desk.admit(client=CLIENT, message="mine now"), replaces=lambda _: True)))
     assert not_yours.value.code == "no_conversation"
     assert [m.text for m in db.run(db_conversations.messages, conversation_id=cid) if m.role == "user"] == [
         "Where is order 1042?"]  # neither stored a question
@@ -180,7 +188,8 @@ def test_retry_and_edit_wait_for_an_answer_still_being_written_and_a_replaced_an
     template = catalog.get("support-en")
     turn = db.run(db_conversations.begin_turn, session_key="race", conversation_id=None, template_id=template.id,
                   template_version_id=template.version_id, text="Where is my parcel?")
-    for begin, extra in ((db_conversations.begin_retry, {}), (db_conversations.begin_edit, {"text": "My parcel?"})):
+    anything = {"text": "My parcel?", "replaces": lambda _: True}
+    for begin, extra in ((db_conversations.begin_retry, {}), (db_conversations.begin_edit, anything)):
         with pytest.raises(db_conversations.StillAnswering):
             db.run(begin, session_key="race", conversation_id=turn.conversation_id,
                    template_version_id=template.version_id, **extra)
@@ -226,7 +235,7 @@ def test_a_deleted_conversation_is_neither_retried_nor_edited_nor_continued(stor
     turn = cut_off(db, template, "gone", "Where is my parcel?", "It is")
     db.run(db_conversations.delete, session_key="gone", conversation_id=turn.conversation_id)
     for begin, extra in ((db_conversations.begin_retry, {"template_version_id": template.version_id}),
-                         (db_conversations.begin_edit, {"text": "My parcel?", "template_version_id": template.version_id}),
+                         (db_conversations.begin_edit, {**anything, "template_version_id": template.version_id}),
                          (db_conversations.begin_continue, {})):
         with pytest.raises(db_conversations.NotYours):
             db.run(begin, session_key="gone", conversation_id=turn.conversation_id, **extra)

@@ -32,7 +32,10 @@ def user_texts(db, conversation_id) -> list[tuple[str, str]]:
 
 
 def notice(messages: list[dict]) -> str:
-    return output(messages)[0][-1]["content"][0]["text"]
+    """The notice last shown (the chatbot's value, or its update with the thumbs when the desk refused)."""
+    chat = output(messages)[0]
+    chat = chat["value"] if isinstance(chat, dict) else chat
+    return chat[-1]["content"][0]["text"]
 
 
 def test_a_suggested_question_is_the_topics_own_and_a_forged_place_asks_nothing(server_url, settings):
