@@ -183,13 +183,15 @@ def test_the_chat_marks_each_answer_groups_stored_thumbs_and_hides_the_person_ma
     assert shown_answer("A person will help.\n[[person]]") == "A person will help.\n"
 
 
+ANY_EDIT = {"text": "My parcel?", "replaces": lambda _: True}  # an edit of whatever the last question is
+
+
 def test_retry_and_edit_wait_for_an_answer_still_being_written_and_a_replaced_answer_stays_replaced(store):
     db, catalog = store
     template = catalog.get("support-en")
     turn = db.run(db_conversations.begin_turn, session_key="race", conversation_id=None, template_id=template.id,
                   template_version_id=template.version_id, text="Where is my parcel?")
-    anything = {"text": "My parcel?", "replaces": lambda _: True}
-    for begin, extra in ((db_conversations.begin_retry, {}), (db_conversations.begin_edit, anything)):
+    for begin, extra in ((db_conversations.begin_retry, {}), (db_conversations.begin_edit, ANY_EDIT)):
         with pytest.raises(db_conversations.StillAnswering):
             db.run(begin, session_key="race", conversation_id=turn.conversation_id,
                    template_version_id=template.version_id, **extra)
@@ -235,7 +237,7 @@ def test_a_deleted_conversation_is_neither_retried_nor_edited_nor_continued(stor
     turn = cut_off(db, template, "gone", "Where is my parcel?", "It is")
     db.run(db_conversations.delete, session_key="gone", conversation_id=turn.conversation_id)
     for begin, extra in ((db_conversations.begin_retry, {"template_version_id": template.version_id}),
-                         (db_conversations.begin_edit, {**anything, "template_version_id": template.version_id}),
+                         (db_conversations.begin_edit, {**ANY_EDIT, "template_version_id": template.version_id}),
                          (db_conversations.begin_continue, {})):
         with pytest.raises(db_conversations.NotYours):
             db.run(begin, session_key="gone", conversation_id=turn.conversation_id, **extra)
