@@ -17,8 +17,8 @@ from datetime import timedelta
 import gradio as gr
 import pandas as pd
 
-from app.console.context import Console
-from app.console.i18n import headers
+from admin.context import Console
+from admin.i18n import headers
 from app.core.cache_tree import cache_tree, plural, render_tree_html, template_counts, template_label
 from app.core.cache_view import CacheView, read_cache_view, template_residency
 from app.db import audit as db_audit

@@ -3,7 +3,7 @@
 The list is a page of app/db/review.py's search (waiting for a person first, with how long); a row
 opens its transcript with every answer's numbers; an operator takes a waiting conversation, replies
 as a person and hands it back to the model (app/db/conversations.py audits each step). The selection
-exports as CSV or JSONL, streamed to a file that is kept ten minutes (app/console/exports.py). With transcripts hidden (an audited option) the list
+exports as CSV or JSONL, streamed to a file that is kept ten minutes (admin/exports.py). With transcripts hidden (an audited option) the list
 keeps its metadata, the transcript shows no text and exports leave it out.
 """
 
@@ -15,9 +15,9 @@ from datetime import datetime
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import headers
-from app.console.markup import literal
+from admin.context import Console
+from admin.i18n import headers
+from admin.markup import literal
 from app.core.cache_tree import plural
 from app.core.desk import MAX_MESSAGE_CHARS, clean_text
 from app.db import conversations as db_conversations

@@ -18,9 +18,9 @@ import time
 import gradio as gr
 import pandas as pd
 
-from app.console.context import Console
-from app.console.i18n import headers
-from app.console.markup import literal
+from admin.context import Console
+from admin.i18n import headers
+from admin.markup import literal
 from app.core.demo import ABRounds, ColdWarm, SameQuestion, ab_rounds, cold_then_warm, demo_questions
 from app.core.warmup import warm_all
 from app.db import audit as db_audit

@@ -350,7 +350,7 @@ class Settings:
     admin_user: str = _setting("admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at "
                                "/admin.", check=_not_blank)
     admin_password: str = _setting("", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
-                                   "closed until one exists, e.g. from `python -m app.console create-user NAME`). A "
+                                   "closed until one exists, e.g. from `python -m admin create-user NAME`). A "
                                    "weak one refuses to start.", secret=True)
     admin_demo: bool = _setting(False, "Demo mode: accept a weak admin password; the console shows a warning.")
     admin_session_ttl_s: int = _setting(28800, "Seconds a console login lasts before the operator must log in again.",

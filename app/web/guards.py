@@ -5,7 +5,7 @@ A refused request is answered with a short JSON body and writes one log line, ne
 shape Gradio would fail on after it started answering (an fn_index given as "0" or 0.0, event data of
 the wrong shape, a stream of a session that never joined an event) is refused here, before it reads it.
 The security headers (SECURITY_HEADERS) are written by the server itself on every response
-(app/web/server.py, uvicorn_config): the app's, and those uvicorn writes on its own (a 400 for a
+(app/server.py, uvicorn_config): the app's, and those uvicorn writes on its own (a 400 for a
 malformed request, a 500, the arrival timeout's 408).
 """
 

@@ -4,8 +4,8 @@ is tests/console/test_queue_browser.py)."""
 import json
 from datetime import datetime, timedelta
 
-from app.console.i18n import TEXT
-from app.console.queue_ui import console_js, queue_line, queue_payload
+from admin.i18n import TEXT
+from admin.queue_ui import console_js, queue_line, queue_payload
 from app.db.rows import PersonQueue
 
 NOW = datetime(2026, 12, 2, 8, 0, 0)

@@ -289,7 +289,7 @@ def test_the_desk_answers_on_this_database(fresh_db, services, aio, block_size):
 
 
 def test_the_console_changes_templates_and_the_chat_sees_them_at_once(fresh_db, services, aio):
-    from app.console.templates import PrefixMeter, Templates
+    from admin.templates import PrefixMeter, Templates
 
     catalog = TemplateCatalog(fresh_db, services.prompts)
     catalog.load()

@@ -23,8 +23,8 @@ import time
 
 import httpx
 
-import app.console.access
-from app.console.access import HASH_CONCURRENCY
+import admin.access
+from admin.access import HASH_CONCURRENCY
 from tests.helpers.clocks import ManualClock
 from tests.helpers.latency import loop_thread
 from tests.helpers.servers import SecondServer
@@ -102,7 +102,7 @@ class HeldChecks:
         self.started = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
-        verify = app.console.access.verify_password
+        verify = admin.access.verify_password
 
         def held(password, stored):
             with self._lock:
@@ -117,7 +117,7 @@ class HeldChecks:
                 with self._lock:
                     self.running -= 1
 
-        monkeypatch.setattr(app.console.access, "verify_password", held)
+        monkeypatch.setattr(admin.access, "verify_password", held)
 
     def release(self) -> None:
         self._released.set()
@@ -159,13 +159,13 @@ def test_thirty_two_logins_at_once_do_not_stall_the_server(proxied, engine_loop,
 def counting_hashes(monkeypatch) -> list[str]:
     """The passwords the console hashes from now on (the real scrypt check still runs)."""
     hashed: list[str] = []
-    verify = app.console.access.verify_password
+    verify = admin.access.verify_password
 
     def counted(password, stored):
         hashed.append(password)
         return verify(password, stored)
 
-    monkeypatch.setattr(app.console.access, "verify_password", counted)
+    monkeypatch.setattr(admin.access, "verify_password", counted)
     return hashed
 
 
