@@ -27,6 +27,7 @@ from app.db.models import utcnow
 from app.db.person_queue import Cap, QueueState
 from app.db.review import MAX_SEARCH_CHARS, ReviewInputError
 from app.db.rows import MessageRow, ReviewFilter, ReviewPage, ReviewRow, Transcript
+from app.db.states import Handoff
 
 PAGE_SIZE = 20
 HIDE = "hide_transcripts"
@@ -250,9 +251,9 @@ def queue_line(q: QueueState, t: dict) -> str:
 
 def who_answers(r: ReviewRow, t: dict, now: datetime) -> str:
     """How long a customer has waited for a person, or the operator who has the conversation."""
-    if r.handoff == "waiting" and r.handoff_requested_at is not None:
+    if r.handoff == Handoff.WAITING and r.handoff_requested_at is not None:
         return t["conv_waiting_for"].format(wait=waited(now - r.handoff_requested_at, t))
-    if r.handoff == "person":
+    if r.handoff == Handoff.PERSON:
         return t["conv_with"].format(operator=r.handoff_operator)
     return ""
 
