@@ -5,18 +5,16 @@ PostgreSQL runs when PREFIXDESK_TEST_POSTGRES_URL names a server where the user 
 """
 
 import asyncio
-import os
 import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import inspect, text
 
 from app import template_files
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Finished
-from app.db import Database, open_database
+from app.db import Database
 from app.db import audit as db_audit
 from app.db import conversations as db_conversations
 from app.db import leases as db_leases
@@ -28,35 +26,7 @@ from app.db.rows import AnswerResult, SampleRow
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import ROOT, collect, full_blocks
 
-POSTGRES = os.environ.get("PREFIXDESK_TEST_POSTGRES_URL", "")
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
-    not POSTGRES, reason="set PREFIXDESK_TEST_POSTGRES_URL (as .ci/run does) to run on PostgreSQL"))]
 NO_CHECK = lambda *_: None  # noqa: E731 (sizes are the console's concern, tested in test_admin_templates.py)
-
-
-@pytest.fixture(params=BACKENDS)
-def fresh_db(request, tmp_path):
-    """A migrated, seeded database of this test's own on the parametrized backend."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'fresh.db'}"
-        drop = None
-    else:
-        name = f"pd_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-        url = make_url(POSTGRES).set(database=name).render_as_string(hide_password=False)
-
-        def drop():
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-            admin.dispose()
-    db = open_database(url)
-    db.run(db_templates.seed, template_files.read_folder(ROOT / "templates"))
-    yield db
-    db.close()
-    if drop:
-        drop()
 
 
 def test_migrations_make_every_table_and_the_seed_fills_them(fresh_db):
