@@ -1,7 +1,7 @@
 """One validated Settings object, read once from the environment.
 
 Each setting is declared once, as a field of ``Settings``: its name, type, default, help text and
-check sit on one line. The parser comes from the type, ``SETTINGS`` (and with it README's table and
+check sit on one line. The parser comes from the type, ``SETTINGS`` (and with it docs/settings.md's table and
 ``python -m app --help``) from the fields, and ``load_settings`` runs every field's check, then the
 rules that tie several settings together. This is the only module that reads ``os.environ``; it
 imports nothing else of the app, so every layer may import it.
@@ -427,7 +427,7 @@ RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
 
 @dataclass(frozen=True)
 class Setting:
-    """One field of ``Settings`` as the environment, the README and ``--help`` see it."""
+    """One field of ``Settings`` as the environment, docs/settings.md and ``--help`` see it."""
 
     name: str
     default: Any
@@ -512,7 +512,7 @@ def help_text() -> str:
 
 
 def markdown_table() -> str:
-    """README's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
+    """docs/settings.md's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
     rows = ["| variable | default | what it does |", "|---|---|---|"]
     rows += [f"| `{s.env}` | {_shown(s.default)} | {s.help} |" for s in SETTINGS]
     return "\n".join(rows)
