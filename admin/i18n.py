@@ -1,6 +1,6 @@
 """Everything the console says, in English and Chinese (``PREFIXDESK_UI_LANGUAGE``).
 
-tests/console/test_admin_browser.py checks that both languages have the same keys and placeholders.
+tests/admin/test_admin_browser.py checks that both languages have the same keys and placeholders.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The queue's header line and the JSON the page's script reads, in both languages (no browser: the chromium test
-is tests/console/test_queue_browser.py)."""
+is tests/admin/test_queue_browser.py)."""
 
 import json
 from datetime import datetime, timedelta
