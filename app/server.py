@@ -1,5 +1,5 @@
-"""Composes the process: settings → database → template catalog → engine → desk → one FastAPI app with
-the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
+"""The composition root, the only module that imports admin: settings → database → template catalog →
+engine → desk → one FastAPI app with the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
 
 Start-up order matters: the database and templates are checked before the (slow) engine starts,
 and every template must fit the model's context, so a bad setting fails fast with its name. Until
@@ -119,7 +119,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     import gradio as gr
 
     from admin.access import ConsoleAccess
-    from admin.context import build_console  # the web layer mounts the console here
+    from admin.context import build_console  # the composition root mounts admin here
     from admin.exports import ExportFiles
     from admin.login import ConsoleGate, build_login_router
     from admin.operators import sync_settings_operator
