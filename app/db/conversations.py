@@ -328,9 +328,9 @@ def messages_after(s: Session, *, session_key: str, conversation_id: int, after_
     return [_row(m) for m in rows]
 
 
-def handoff_of(s: Session, *, conversation_id: int) -> str:
-    """"" (the model answers), "waiting" or "person"; "" for a conversation that does not exist."""
-    return s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or ""
+def handoff_of(s: Session, *, conversation_id: int) -> Handoff:
+    """Who answers the conversation; Handoff.MODEL for a conversation that does not exist."""
+    return Handoff(s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or "")
 
 
 # -- what an operator does (audited) ----------------------------------------------------------------------

@@ -23,6 +23,7 @@ from app.db import operators as db_operators
 from app.db import templates as db_templates
 from app.db.models import utcnow
 from app.db.rows import AnswerResult, SampleRow
+from app.db.states import AnswerStatus, Handoff
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import ROOT, collect, full_blocks
 
@@ -67,6 +68,25 @@ def test_a_turn_is_stored_before_the_answer_and_finished_after(fresh_db):
     [conv] = fresh_db.run(db_conversations.list_for, session_key="s1")
     assert (conv.title, conv.template, conv.num_messages) == ("发票怎么开？", "电商客服", 2)
     assert fresh_db.run(db_conversations.list_for, session_key="someone else") == []
+
+
+def test_rows_hold_states_as_types_stored_as_the_strings_of_before(fresh_db):
+    t = fresh_db.run(db_templates.published)[0]
+    turn = fresh_db.run(db_conversations.begin_turn, session_key="s", conversation_id=None, template_id=t.id,
+                        template_version_id=t.version_id, text="我要人工")
+    fresh_db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+                 result=AnswerResult(text="好的", status=AnswerStatus.STOPPED))
+    fresh_db.run(db_conversations.request_person, session_key="s", conversation_id=turn.conversation_id)
+    rows = fresh_db.run(db_conversations.messages, conversation_id=turn.conversation_id)
+    assert [(type(m.status), m.status) for m in rows] == [(AnswerStatus, AnswerStatus.OK),
+                                                          (AnswerStatus, AnswerStatus.STOPPED)]
+    state = fresh_db.run(db_conversations.state_of, conversation_id=turn.conversation_id)
+    assert (type(state.handoff), state.handoff) == (Handoff, Handoff.WAITING)
+    assert fresh_db.run(db_conversations.handoff_of, conversation_id=turn.conversation_id) is Handoff.WAITING
+    assert fresh_db.run(db_conversations.handoff_of, conversation_id=10**9) is Handoff.MODEL
+    stored = fresh_db.run(lambda s: (s.execute(text("select status from messages order by id")).scalars().all(),
+                                     s.execute(text("select handoff from conversations")).scalar_one()))
+    assert stored == (["ok", "stopped"], "waiting")
 
 
 def test_a_retry_replaces_the_last_answer_and_keeps_the_old_one_for_the_record(fresh_db):
