@@ -41,7 +41,7 @@ cluster: install
 soak: install
 	$(PY) -m bench.soak $(SOAK_ARGS)
 
-# The benchmark tool (README's Benchmarks): e.g. make bench BENCH_ARGS="--paths app,http --concurrency 4"
+# The benchmark tool (docs/benchmarks.md): e.g. make bench BENCH_ARGS="--paths app,http --concurrency 4"
 bench: install
 	$(PY) -m bench $(BENCH_ARGS)
 

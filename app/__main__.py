@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     from app.engine import EngineStartError
     from app.engine.models.aliases import ModelNotPrepared
     from app.web.connections import raise_file_limit, total_connections
-    from app.web.server import build_services, create_api_app, create_app, serve
+    from app.server import build_services, create_api_app, create_app, serve
 
     try:
         total_connections(settings, raise_file_limit())  # before the engine's slow start

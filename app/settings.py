@@ -1,7 +1,7 @@
 """One validated Settings object, read once from the environment.
 
 Each setting is declared once, as a field of ``Settings``: its name, type, default, help text and
-check sit on one line. The parser comes from the type, ``SETTINGS`` (and with it README's table and
+check sit on one line. The parser comes from the type, ``SETTINGS`` (and with it docs/settings.md's table and
 ``python -m app --help``) from the fields, and ``load_settings`` runs every field's check, then the
 rules that tie several settings together. This is the only module that reads ``os.environ``; it
 imports nothing else of the app, so every layer may import it.
@@ -350,7 +350,7 @@ class Settings:
     admin_user: str = _setting("admin", "Operator account that PREFIXDESK_ADMIN_PASSWORD creates for the console at "
                                "/admin.", check=_not_blank)
     admin_password: str = _setting("", "Password of PREFIXDESK_ADMIN_USER; empty creates no account (the console stays "
-                                   "closed until one exists, e.g. from `python -m app.console create-user NAME`). A "
+                                   "closed until one exists, e.g. from `python -m admin create-user NAME`). A "
                                    "weak one refuses to start.", secret=True)
     admin_demo: bool = _setting(False, "Demo mode: accept a weak admin password; the console shows a warning.")
     admin_session_ttl_s: int = _setting(28800, "Seconds a console login lasts before the operator must log in again.",
@@ -427,7 +427,7 @@ RULES: tuple[tuple[str, Callable[[Settings], str | None]], ...] = (
 
 @dataclass(frozen=True)
 class Setting:
-    """One field of ``Settings`` as the environment, the README and ``--help`` see it."""
+    """One field of ``Settings`` as the environment, docs/settings.md and ``--help`` see it."""
 
     name: str
     default: Any
@@ -512,7 +512,7 @@ def help_text() -> str:
 
 
 def markdown_table() -> str:
-    """README's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
+    """docs/settings.md's settings table, generated from ``SETTINGS`` (tests/test_docs.py keeps the two equal)."""
     rows = ["| variable | default | what it does |", "|---|---|---|"]
     rows += [f"| `{s.env}` | {_shown(s.default)} | {s.help} |" for s in SETTINGS]
     return "\n".join(rows)

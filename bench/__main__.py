@@ -1,6 +1,6 @@
 """``python -m bench``: the article's benchmark through this app's serving paths, on CPU or GPU.
 
-Examples (README "Benchmarks" has more; bench/gpu.sh holds the GPU stages):
+Examples (docs/benchmarks.md, "The benchmark tool", has more; bench/gpu.sh holds the GPU stages):
 
     python -m bench --modes none,static,dynamic --paths raw,app,http --concurrency 4 --num-requests 16
     python -m bench --paths app,http --sweep 1,2 --window-s 60 --warmup-s 15 --client-procs 2

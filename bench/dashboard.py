@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
 
     from app.db import templates as db_templates
     from app.settings import load_settings
-    from app.web.server import build_services, create_app, uvicorn_config
+    from app.server import build_services, create_app, uvicorn_config
 
     data_dir = Path(tempfile.mkdtemp(prefix="prefixdesk-dashboard-"))
     settings = load_settings(environ={}, data_dir=str(data_dir), templates_dir=str(ROOT / "templates"),

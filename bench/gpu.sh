@@ -207,7 +207,7 @@ else
   FP8=""; MODES_BURST="--concurrency 4 --num-requests 8"; SAT_BURST="--concurrency 8"
 fi
 if [ $stage = gradio ] || [ $stage = chat ]; then  # the whole app as create_app builds it: chat, console, imports
-  needs="gradio, gradio_client, multipart, app.web.chat, app.console.context, app.console.ui, app.console.login
+  needs="gradio, gradio_client, multipart, app.web.chat, admin.context, admin.ui, admin.login
 print('=== gradio', gradio.__version__, 'from', gradio.__file__)"
 elif [ $stage = article ] || [ $stage = fp8 ]; then
   needs="app.engine.models.baichuan"
@@ -215,7 +215,7 @@ else
   needs=vllm_router
 fi
 $PY -c "import aiohttp, uvloop, httpx, sqlalchemy, alembic, uvicorn, transformers, $needs
-import bench.session, app.web.server" || { echo "=== a dependency is missing (above); nothing started"; exit 3; }
+import bench.session, app.server" || { echo "=== a dependency is missing (above); nothing started"; exit 3; }
 
 names=(); pids=()
 start() {  # start NAME ENV... -- ARGS...: one benchmark in a process group of its own, log in $RES/NAME.log

@@ -340,7 +340,7 @@ class Session:
             return
         from concurrent.futures import ThreadPoolExecutor
 
-        from app.web.server import build_services
+        from app.server import build_services
 
         data = self.settings.data_dir / "bench-app"
         shutil.rmtree(data, ignore_errors=True)
@@ -352,7 +352,7 @@ class Session:
             self.services = await asyncio.get_running_loop().run_in_executor(
                 pool, lambda: build_services(s, engine=self.engine))
         if {"http", "gradio", "chat"} & set(local_paths):
-            from app.web.server import create_app
+            from app.server import create_app
             from bench.servers import InProcessServer, free_port
 
             self.server = InProcessServer()

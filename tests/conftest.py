@@ -89,7 +89,7 @@ def server_url(services, engine_loop):
     """A real uvicorn server for the app, on the engine's loop, on a free port."""
     import uvicorn
 
-    from app.web.server import create_app, uvicorn_config
+    from app.server import create_app, uvicorn_config
 
     config = uvicorn_config(create_app(services), services.settings, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
@@ -119,8 +119,8 @@ def browser(services):
 @pytest.fixture(scope="session")
 def console(services):
     """The console's services, as the server builds them (templates, access, meter)."""
-    from app.console.access import ConsoleAccess
-    from app.console.context import build_console
+    from admin.access import ConsoleAccess
+    from admin.context import build_console
 
     access = ConsoleAccess(services.db, ttl_s=3600, free_attempts=5)
     return build_console(settings=services.settings, db=services.db, engine=services.engine, desk=services.desk,

@@ -1,5 +1,6 @@
-"""The tree's layers, read from the imports: web → console → core → {engine, db} → settings, nothing
-imports bench, and no module imports itself back through others."""
+"""The tree's layers, read from the imports: the composition root (app.server) → {web, admin} → core →
+{engine, db} → settings; only the composition root imports admin, nothing of the product imports bench,
+and no module imports itself back through others."""
 
 from __future__ import annotations
 
@@ -9,13 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # What each layer may import of the app (besides itself and the shared leaves below).
 MAY_IMPORT = {
-    "app.web": {"app.console", "app.core", "app.engine", "app.db"},
-    "app.console": {"app.core", "app.engine", "app.db"},
+    "app.server": {"app.web", "admin", "app.core", "app.engine", "app.db"},  # the composition root
+    "app.web": {"app.core", "app.engine", "app.db"},
+    "admin": {"app.core", "app.engine", "app.db"},
     "app.core": {"app.engine", "app.db"},
     "app.engine": set(),
     "app.db": set(),
     "app.cluster": {"app.core", "app.engine", "app.db"},  # the launcher: a leaf beside the product
-    "app.__main__": {"app.web", "app.engine", "app.cluster"},
+    "app.__main__": {"app.server", "app.web", "app.engine", "app.cluster"},
 }
 # Imported by every layer, importing nothing of the app.
 LEAVES = {"app", "app.settings", "app.template_files", "app.log_text"}
@@ -23,7 +25,7 @@ LEAVES = {"app", "app.settings", "app.template_files", "app.log_text"}
 
 def _modules() -> dict[str, Path]:
     out = {}
-    for path in sorted([*ROOT.glob("app/**/*.py"), *ROOT.glob("bench/**/*.py")]):
+    for path in sorted([*ROOT.glob("app/**/*.py"), *ROOT.glob("admin/**/*.py"), *ROOT.glob("bench/**/*.py")]):
         if "migrations/versions" in str(path):
             continue
         parts = path.relative_to(ROOT).with_suffix("").parts
@@ -46,7 +48,7 @@ def _imports(path: Path) -> set[str]:
         elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         for name in names:
-            if name.split(".")[0] in ("app", "bench"):
+            if name.split(".")[0] in ("app", "admin", "bench"):
                 while name not in MODULES and "." in name:
                     name = name.rsplit(".", 1)[0]
                 if name in MODULES:
@@ -82,8 +84,13 @@ def test_the_shared_leaves_import_nothing_of_the_app():
     assert {m: GRAPH[m] for m in LEAVES} == {m: set() for m in LEAVES}
 
 
+def test_only_the_composition_root_imports_admin():
+    assert sorted({m for m, deps in GRAPH.items() if not m.startswith("admin") and not m.startswith("bench")
+                   for d in deps if d.split(".")[0] == "admin"}) == ["app.server"]
+
+
 def test_nothing_of_the_product_imports_the_benchmark():
-    assert [f"{m} imports {d}" for m, deps in GRAPH.items() if m.startswith("app") for d in deps
+    assert [f"{m} imports {d}" for m, deps in GRAPH.items() if m.split(".")[0] in ("app", "admin") for d in deps
             if d.startswith("bench")] == []
 
 

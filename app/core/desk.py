@@ -38,6 +38,7 @@ from app.db import conversations as db_conversations
 from app.db.models import utcnow
 from app.db.person_queue import Cap, PersonCaps, QueueFull, record_refusal
 from app.db.rows import AnswerResult, ConversationRow, MessageRow, TemplateInfo, TurnIds
+from app.db.states import AnswerStatus, Handoff
 from app.engine import Delta, Engine, EngineBusy, EngineError, EngineRejected, RequestStats
 
 log = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ MAX_HISTORY_CHARS = 200_000
 INLINE_TOKENIZE_CHARS = 1_000  # a prompt with this much text builds in 0.7 ms (2,000: 1.4 ms): on the loop
 STOPPED = "stopped before the answer was complete"
 PROGRESS_INTERVAL_S = 0.02  # about one screen update per frame: text appears as it is generated
-WITH_PERSON = "with_person"  # the status of a turn a person answers (no answer row is stored for it)
+WITH_PERSON = AnswerStatus.WITH_PERSON  # the status of a turn a person answers (no answer row is stored for it)
 NEW_CONVERSATIONS_KEPT = 10_000  # browsers whose last new conversation a Stop can find (the newest)
 MAX_FIRST_VISIBLE_MS = 600_000  # a browser's first-text measure beyond ten minutes is no measure
 FIRST_VISIBLE_WITHIN = timedelta(minutes=10)  # how late a browser may still report an answer's first text
@@ -360,7 +361,8 @@ class Desk:
         await self.turns_written(session_key=session_key)
         while True:
             rows = await self.conversation(session_key=session_key, conversation_id=conversation_id)
-            pending = [self._writing[m.id] for m in rows or () if m.status == "generating" and m.id in self._writing]
+            pending = [self._writing[m.id] for m in rows or ()
+                       if m.status == AnswerStatus.GENERATING and m.id in self._writing]
             if not pending:
                 return rows
             await asyncio.wait({asyncio.ensure_future(e.wait()) for e in pending})
@@ -498,7 +500,8 @@ class Desk:
                                 shown_at = now
                                 yield Progress(text, turn.conversation_id)
                         elif isinstance(event, RequestStats):
-                            status, error = ("stopped", STOPPED) if event.finish_reason == "abort" else ("ok", None)
+                            status, error = ((AnswerStatus.STOPPED, STOPPED) if event.finish_reason == "abort"
+                                             else (AnswerStatus.OK, None))
                             result = _result(text, status, error, event)
         except (RateLimited, PromptError) as exc:  # (text: a continued answer's text so far stays)
             result = _failed(text, exc.code, **exc.params)
@@ -509,18 +512,20 @@ class Desk:
         except EngineError as exc:
             result = _failed(text, "broke_off", detail=str(exc))
         except (asyncio.CancelledError, GeneratorExit):
-            await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED), template)
+            await self._finish(turn.answer_id, AnswerResult(text=text, status=AnswerStatus.STOPPED, error=STOPPED),
+                               template)
             raise
         except Exception:
             # An unexpected exception is on its way up; the answer row must not stay "generating".
             await self._finish(turn.answer_id, _failed(text, "internal"), template)
             raise
         stored = await self._finish(turn.answer_id, result, template)
-        handoff, refused = "", ""
-        if stored.status == "ok" and asks_for_person(stored.text) and session_key:
+        handoff, refused = Handoff.MODEL, ""
+        if stored.status == AnswerStatus.OK and asks_for_person(stored.text) and session_key:
             try:
-                handoff = "waiting" if await self.request_person(session_key=session_key, client=client,
-                                                                 conversation_id=turn.conversation_id) else ""
+                asked = await self.request_person(session_key=session_key, client=client,
+                                                  conversation_id=turn.conversation_id)
+                handoff = Handoff.WAITING if asked else Handoff.MODEL
             except DeskInputError as exc:  # the queue's caps: the answer stands, the customer is told
                 refused = exc.code
         yield Finished(stored, _for_customer(stored, self.shared_tokens(template.name, stored.template_version_id),
@@ -551,8 +556,8 @@ class Desk:
                 # begin_continue also returns the answer's text so far: a stopped continuation keeps it.
                 turn, text = write.result() if isinstance(write.result(), tuple) else (write.result(), "")
                 if turn.answer_id is not None:
-                    await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED),
-                                       template)
+                    stopped = AnswerResult(text=text, status=AnswerStatus.STOPPED, error=STOPPED)
+                    await self._finish(turn.answer_id, stopped, template)
             raise
 
     async def _until_generating(self, turn: TurnIds, template: TemplateInfo, step, text: str = ""):
@@ -562,13 +567,13 @@ class Desk:
             return await step
         except asyncio.CancelledError:
             if turn.answer_id is not None:
-                await self._finish(turn.answer_id, AnswerResult(text=text, status="stopped", error=STOPPED),
+                await self._finish(turn.answer_id, AnswerResult(text=text, status=AnswerStatus.STOPPED, error=STOPPED),
                                    template)
             raise
         except Exception as exc:  # the store could not be read: the answer is stored as failed, with why
             if turn.answer_id is not None:
                 code = exc.code if isinstance(exc, Refused) else "internal"
-                await self._finish(turn.answer_id, AnswerResult(text=text, status="error", error=str(exc),
+                await self._finish(turn.answer_id, AnswerResult(text=text, status=AnswerStatus.ERROR, error=str(exc),
                                                                 error_code=code), template)
             raise
 
@@ -586,7 +591,8 @@ class Desk:
 
     async def _stored_turns(self, conversation_id: int) -> list[Turn]:
         rows = await self._read(db_conversations.messages, conversation_id=conversation_id)
-        return [Turn(m.role, m.text) for m in rows if m.text and (m.role == "user" or m.status in ("ok", "stopped"))]
+        return [Turn(m.role, m.text) for m in rows
+                if m.text and (m.role == "user" or m.status in (AnswerStatus.OK, AnswerStatus.STOPPED))]
 
     def _turn_written(self, session_key: str, new: bool, write: asyncio.Future) -> None:
         writes = self._turn_writes.get(session_key, set())
@@ -707,7 +713,7 @@ def _for_customer(m: MessageRow, shared_tokens: int, *, own_namespace: bool) -> 
 
 def _failed(text: str, code: str, **params) -> AnswerResult:
     """A failed answer: the English for the operators, the code for the customer's own words."""
-    return AnswerResult(text=text, status="error", error=english(code, **params), error_code=code)
+    return AnswerResult(text=text, status=AnswerStatus.ERROR, error=english(code, **params), error_code=code)
 
 
 def _result(text: str, status: str, error: str | None, stats: RequestStats) -> AnswerResult:

@@ -26,6 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from app.db.rows import MessageRow, StoredFigures
+from app.db.states import AnswerStatus
 
 PREFIX = "prefixdesk:"
 # The engine's first token: vLLM's own buckets up to a minute (vllm:time_to_first_token_seconds).
@@ -33,7 +34,8 @@ TTFT_BUCKETS_S = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.
                   20.0, 40.0, 80.0)
 # The customer's first text: a browser adds tens of milliseconds to the engine's first token, often more.
 FIRST_VISIBLE_BUCKETS_S = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 60.0)
-OUTCOMES = {"ok": "ok", "stopped": "stopped", "error": "failed"}  # an answer row's status → its outcome label
+# An answer row's status → its outcome label.
+OUTCOMES = {AnswerStatus.OK: "ok", AnswerStatus.STOPPED: "stopped", AnswerStatus.ERROR: "failed"}
 
 
 class DeskMetrics:
@@ -149,7 +151,7 @@ class _Stored:
         started = GaugeMetricFamily("prefixdesk:split_conversations", "Conversations started on each arm of a "
                                     "live A/B split since it began.", labels=["template", "version", "arm"])
         for a in s.splits:
-            labels = [a.template, str(a.version), "candidate" if a.candidate else "published"]
+            labels = [a.template, str(a.version), a.arm]
             share.add_metric(labels, a.share)
             started.add_metric(labels, a.num_conversations)
         yield share

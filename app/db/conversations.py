@@ -25,10 +25,11 @@ from app.db import audit, person_queue
 from app.db.models import Conversation, Message, Rating, Template, utcnow
 from app.db.person_queue import PersonCaps
 from app.db.rows import AnswerResult, ConversationHeader, ConversationRow, ConversationState, MessageRow, TurnIds
+from app.db.states import AnswerStatus, Handoff
 
 TITLE_CHARS = 60
 MAX_REASON_CHARS = 500
-HANDOFF_STATES = ("", "waiting", "person")
+HANDOFF_STATES = tuple(Handoff)
 MAX_POLL_MESSAGES = 50
 STALE_GENERATING = timedelta(minutes=10)  # longer than any answer streams
 
@@ -77,14 +78,14 @@ def list_for(s: Session, *, session_key: str, limit: int = 50) -> list[Conversat
         .order_by(Conversation.id.desc())
         .limit(limit)
     ).all()
-    return [ConversationRow(c.id, c.title, name, c.created_at, n, c.handoff, c.template_version_id)
+    return [ConversationRow(c.id, c.title, name, c.created_at, n, Handoff(c.handoff), c.template_version_id)
             for c, name, n in rows]
 
 
 def state_of(s: Session, *, conversation_id: int) -> ConversationState | None:
     """The conversation's owner, hand-off state and version; None when it does not exist."""
     c = s.get(Conversation, conversation_id)
-    return None if c is None else ConversationState(c.session_key, c.handoff, c.template_version_id)
+    return None if c is None else ConversationState(c.session_key, Handoff(c.handoff), c.template_version_id)
 
 
 def template_of(s: Session, *, conversation_id: int) -> str | None:
@@ -94,7 +95,8 @@ def template_of(s: Session, *, conversation_id: int) -> str | None:
 
 def messages(s: Session, *, conversation_id: int) -> list[MessageRow]:
     """The conversation as shown and sent as context: answers replaced by a retry are left out."""
-    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.status != "replaced")
+    rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
+                                           Message.status != AnswerStatus.REPLACED)
                      .order_by(Message.id)).all()
     ratings = {r.message_id: r for r in s.scalars(select(Rating).where(Rating.conversation_id == conversation_id))}
     return [_row(m, ratings.get(m.id)) for m in rows]
@@ -110,7 +112,7 @@ def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, tem
     split), else ``template_version_id``. In a conversation a person answers, the message is stored
     alone: the returned ``answer_id`` is None and ``handoff`` says who has it.
     """
-    handoff = ""
+    handoff = Handoff.MODEL
     if conversation_id is None:
         conv = Conversation(session_key=session_key, template_id=template_id, title=text[:TITLE_CHARS], tenant=tenant,
                             template_version_id=template_version_id)
@@ -121,13 +123,13 @@ def begin_turn(s: Session, *, session_key: str, conversation_id: int | None, tem
             conv.template_version_id = template_version_id = arm(conv.id)
     else:
         conv = s.get(Conversation, conversation_id)
-        handoff = conv.handoff if conv is not None else ""
+        handoff = Handoff(conv.handoff) if conv is not None else Handoff.MODEL
     now = utcnow()
-    user = Message(conversation_id=conversation_id, role="user", text=text, status="ok",
+    user = Message(conversation_id=conversation_id, role="user", text=text, status=AnswerStatus.OK,
                    template_version_id=template_version_id, created_at=now, finished_at=now)
     answer = None
     if not handoff:
-        answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+        answer = Message(conversation_id=conversation_id, role="assistant", text="", status=AnswerStatus.GENERATING,
                          template_version_id=template_version_id)
     s.add_all([user] + ([answer] if answer else []))
     s.flush()
@@ -140,8 +142,8 @@ def begin_retry(s: Session, *, session_key: str, conversation_id: int, template_
     _, rows, last_user = _last_question(s, session_key, conversation_id)
     for m in rows:
         if m.id > last_user.id and m.role == "assistant":
-            m.status = "replaced"
-    answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+            m.status = AnswerStatus.REPLACED
+    answer = Message(conversation_id=conversation_id, role="assistant", text="", status=AnswerStatus.GENERATING,
                      template_version_id=template_version_id)
     s.add(answer)
     s.flush()
@@ -164,13 +166,13 @@ def begin_edit(s: Session, *, session_key: str, conversation_id: int, text: str,
         raise Stale()
     for m in rows:
         if m.id >= last_user.id:
-            m.status = "replaced"
+            m.status = AnswerStatus.REPLACED
     if conv.title == last_user.text[:TITLE_CHARS] and not any(m.role == "user" and m.id < last_user.id for m in rows):
         conv.title = text[:TITLE_CHARS]
     now = utcnow()
-    user = Message(conversation_id=conversation_id, role="user", text=text, status="ok",
+    user = Message(conversation_id=conversation_id, role="user", text=text, status=AnswerStatus.OK,
                    template_version_id=template_version_id, created_at=now, finished_at=now)
-    answer = Message(conversation_id=conversation_id, role="assistant", text="", status="generating",
+    answer = Message(conversation_id=conversation_id, role="assistant", text="", status=AnswerStatus.GENERATING,
                      template_version_id=template_version_id)
     s.add_all([user, answer])
     s.flush()
@@ -184,7 +186,7 @@ def _last_question(s: Session, session_key: str, conversation_id: int) -> tuple[
     if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
         raise NotYours()
     rows = list(s.scalars(select(Message).where(Message.conversation_id == conversation_id,
-                                                Message.status != "replaced").order_by(Message.id)))
+                                                Message.status != AnswerStatus.REPLACED).order_by(Message.id)))
     last_user = next((m for m in reversed(rows) if m.role == "user"), None)
     if last_user is None:
         raise LookupError("This conversation has no question yet.")
@@ -203,7 +205,8 @@ def _still_answering(rows, after_id: int) -> bool:
     """Whether an answer after ``after_id`` is still being written (a row left "generating" by a process that died
     long ago does not count)."""
     since = utcnow() - STALE_GENERATING
-    return any(m.id > after_id and m.status == "generating" and max(m.created_at, m.finished_at or m.created_at) > since
+    return any(m.id > after_id and m.status == AnswerStatus.GENERATING
+               and max(m.created_at, m.finished_at or m.created_at) > since
                for m in rows)
 
 
@@ -218,16 +221,17 @@ def begin_continue(s: Session, *, session_key: str, conversation_id: int) -> tup
     conv = s.get(Conversation, conversation_id)
     if conv is None or conv.session_key != session_key or conv.deleted_at is not None:
         raise NotYours()
-    last = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.status != "replaced")
+    last = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
+                                           Message.status != AnswerStatus.REPLACED)
                      .order_by(Message.id.desc()).limit(1)).first()
-    if (last is None or last.role != "assistant" or last.author or last.status != "ok"
+    if (last is None or last.role != "assistant" or last.author or last.status != AnswerStatus.OK
             or last.finish_reason != "length"):
         raise NothingToContinue("the last answer was not cut off")
     question = s.scalar(select(func.max(Message.id)).where(Message.conversation_id == conversation_id,
                                                           Message.role == "user"))
     if conv.handoff:
         raise WithPerson(conv.handoff, question or last.id)
-    last.status = "generating"
+    last.status = AnswerStatus.GENERATING
     last.finished_at = utcnow()  # when it was reopened: Retry and an edit wait for it (_still_answering)
     s.flush()
     return TurnIds(conversation_id, question or 0, last.id, last.template_version_id), last.text
@@ -237,7 +241,7 @@ def finish_answer(s: Session, *, message_id: int, result: AnswerResult) -> Messa
     """Store an answer's end; an answer a retry or an edit replaced meanwhile stays replaced (its text kept)."""
     m = s.get_one(Message, message_id)
     m.text = result.text
-    m.status = result.status if m.status != "replaced" else "replaced"
+    m.status = result.status if m.status != AnswerStatus.REPLACED else AnswerStatus.REPLACED
     m.error = result.error
     m.error_code = result.error_code
     m.prompt_tokens = result.prompt_tokens
@@ -286,8 +290,10 @@ def first_visible_of_last(s: Session, *, session_key: str, conversation_id: int,
     first token (the page's clock starts before the question is sent). The answer, or None."""
     _own(s, session_key, conversation_id)
     m = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.role == "assistant",
-                                        Message.status != "replaced").order_by(Message.id.desc()).limit(1)).first()
-    if (m is None or m.author or m.status not in ("ok", "stopped") or m.first_visible_ms is not None
+                                        Message.status != AnswerStatus.REPLACED)
+                     .order_by(Message.id.desc()).limit(1)).first()
+    if (m is None or m.author or m.status not in (AnswerStatus.OK, AnswerStatus.STOPPED)
+            or m.first_visible_ms is not None
             or m.created_at < since or (m.ttft_ms is not None and ms < m.ttft_ms)):
         return None
     m.first_visible_ms = round(ms, 1)
@@ -314,7 +320,7 @@ def request_person(s: Session, *, session_key: str, conversation_id: int, client
     key = person_queue.client_key(client)
     if full := person_queue.full_cap(s, session_key=session_key, client=key, caps=caps):
         raise full
-    c.handoff, c.handoff_requested_at, c.handoff_client = "waiting", utcnow(), key
+    c.handoff, c.handoff_requested_at, c.handoff_client = Handoff.WAITING, utcnow(), key
     return True
 
 
@@ -324,14 +330,14 @@ def messages_after(s: Session, *, session_key: str, conversation_id: int, after_
     what a chat that shows messages up to ``after_id`` polls for (a person's replies). One indexed query."""
     _own(s, session_key, conversation_id)
     rows = s.scalars(select(Message).where(Message.conversation_id == conversation_id, Message.id > after_id,
-                                           Message.status.not_in(("generating", "replaced")))
+                                           Message.status.not_in((AnswerStatus.GENERATING, AnswerStatus.REPLACED)))
                      .order_by(Message.id).limit(max(1, min(limit, MAX_POLL_MESSAGES)))).all()
     return [_row(m) for m in rows]
 
 
-def handoff_of(s: Session, *, conversation_id: int) -> str:
-    """"" (the model answers), "waiting" or "person"; "" for a conversation that does not exist."""
-    return s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or ""
+def handoff_of(s: Session, *, conversation_id: int) -> Handoff:
+    """Who answers the conversation; Handoff.MODEL for a conversation that does not exist."""
+    return Handoff(s.scalar(select(Conversation.handoff).where(Conversation.id == conversation_id)) or "")
 
 
 # -- what an operator does (audited) ----------------------------------------------------------------------
@@ -345,7 +351,7 @@ def take(s: Session, *, conversation_id: int, operator: str) -> None:
     if not c.handoff:
         raise HandoffError(f"conversation {conversation_id} did not ask for a person")
     before = c.handoff_operator or c.handoff
-    c.handoff, c.handoff_operator = "person", operator
+    c.handoff, c.handoff_operator = Handoff.PERSON, operator
     audit.record(s, user=operator, action="take conversation", target=str(conversation_id), field="answered by",
                  before=before, after=operator)
 
@@ -353,10 +359,10 @@ def take(s: Session, *, conversation_id: int, operator: str) -> None:
 def person_reply(s: Session, *, conversation_id: int, operator: str, text: str) -> MessageRow:
     """Store an operator's reply as an answer of the conversation, with the operator as its author."""
     c = s.get(Conversation, conversation_id)
-    if c is None or c.handoff != "person" or c.handoff_operator != operator:
+    if c is None or c.handoff != Handoff.PERSON or c.handoff_operator != operator:
         raise HandoffError(f"take conversation {conversation_id} before replying to it")
     now = utcnow()
-    m = Message(conversation_id=conversation_id, role="assistant", text=text, status="ok", author=operator,
+    m = Message(conversation_id=conversation_id, role="assistant", text=text, status=AnswerStatus.OK, author=operator,
                 template_version_id=c.template_version_id, created_at=now, finished_at=now)
     s.add(m)
     s.flush()
@@ -390,7 +396,7 @@ def _own(s: Session, session_key: str, conversation_id: int) -> Conversation:
 
 def _own_answer(s: Session, session_key: str, message_id: int) -> Message:
     m = s.get(Message, message_id)
-    if m is None or m.role != "assistant" or m.status in ("generating", "replaced"):
+    if m is None or m.role != "assistant" or m.status in (AnswerStatus.GENERATING, AnswerStatus.REPLACED):
         raise NotYours()
     _own(s, session_key, m.conversation_id)
     return m
@@ -398,8 +404,8 @@ def _own_answer(s: Session, session_key: str, message_id: int) -> Message:
 
 def _row(m: Message, rating: Rating | None = None) -> MessageRow:
     return MessageRow(
-        id=m.id, conversation_id=m.conversation_id, role=m.role, text=m.text, status=m.status, error=m.error,
-        template_version_id=m.template_version_id, prompt_tokens=m.prompt_tokens,
+        id=m.id, conversation_id=m.conversation_id, role=m.role, text=m.text, status=AnswerStatus(m.status),
+        error=m.error, template_version_id=m.template_version_id, prompt_tokens=m.prompt_tokens,
         num_cached_tokens=m.num_cached_tokens, ttft_ms=m.ttft_ms, output_tokens=m.output_tokens,
         decode_tokens_per_s=m.decode_tokens_per_s, replica=m.replica, created_at=m.created_at,
         finish_reason=m.finish_reason, author=m.author, first_visible_ms=m.first_visible_ms,

@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 
 from app.db.models import CacheSample, Conversation, Message, Rating, Template, TemplateVersion
 from app.db.rows import HitRate, RatingCount, SampleRow, SplitArm, StoredFigures, TtftSplit
+from app.db.states import Handoff
 
 
 def add_sample(s: Session, *, sample: SampleRow) -> None:
@@ -77,8 +78,9 @@ def scrape_figures(s: Session, *, now: datetime) -> StoredFigures:
     number of rows."""
     handoffs = dict(s.execute(
         select(Conversation.handoff, func.count(Conversation.id))
-        .where(Conversation.handoff.in_(("waiting", "person"))).group_by(Conversation.handoff)).all())
-    oldest = s.scalar(select(func.min(Conversation.handoff_requested_at)).where(Conversation.handoff == "waiting"))
+        .where(Conversation.handoff.in_((Handoff.WAITING, Handoff.PERSON))).group_by(Conversation.handoff)).all())
+    oldest = s.scalar(select(func.min(Conversation.handoff_requested_at))
+                      .where(Conversation.handoff == Handoff.WAITING))
     ratings = s.execute(
         select(Template.name, TemplateVersion.number, Rating.thumbs, func.count(Rating.id))
         .join(TemplateVersion, Rating.template_version_id == TemplateVersion.id)
@@ -86,7 +88,7 @@ def scrape_figures(s: Session, *, now: datetime) -> StoredFigures:
         .group_by(Template.name, TemplateVersion.number, Rating.thumbs)
         .order_by(Template.name, TemplateVersion.number, Rating.thumbs)).all()
     return StoredFigures(
-        person_waiting=int(handoffs.get("waiting", 0)), person_answering=int(handoffs.get("person", 0)),
+        person_waiting=int(handoffs.get(Handoff.WAITING, 0)), person_answering=int(handoffs.get(Handoff.PERSON, 0)),
         oldest_wait_s=max(0.0, (now - oldest).total_seconds()) if oldest else 0.0,
         ratings=tuple(RatingCount(name, number, thumbs, n) for name, number, thumbs, n in ratings),
         splits=_split_arms(s))

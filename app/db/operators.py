@@ -1,6 +1,6 @@
 """Console operators (scrypt hashes) and their login sessions (only a token's SHA-256 is stored).
 
-Hashing is the caller's (app/console/access.py): these functions store and compare what they are given.
+Hashing is the caller's (admin/access.py): these functions store and compare what they are given.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ def password_hash(s: Session, *, name: str) -> str | None:
 
 def add(s: Session, *, name: str, password_hash: str, source: str = "cli") -> None:
     if s.scalar(select(Operator.id).where(Operator.name == name)) is not None:
-        raise OperatorExists(f"operator {name!r} already exists; use `python -m app.console set-password {name}`")
+        raise OperatorExists(f"operator {name!r} already exists; use `python -m admin set-password {name}`")
     s.add(Operator(name=name, password_hash=password_hash, source=source))
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from app.db.models import Conversation, PersonRefusal, utcnow
+from app.db.states import Handoff
 
 REFUSALS_KEPT = timedelta(days=7)
 CLIENT_CHARS = 64
@@ -86,7 +87,7 @@ def full_cap(s: Session, *, session_key: str, client: str, caps: PersonCaps) -> 
     for cap, limit, where in checks:
         if not limit or (cap is Cap.CLIENT and not client):
             continue
-        query = select(func.count()).select_from(Conversation).where(Conversation.handoff == "waiting")
+        query = select(func.count()).select_from(Conversation).where(Conversation.handoff == Handoff.WAITING)
         if where is not None:
             query = query.where(where)
         if s.scalar(query) >= limit:
@@ -108,7 +109,7 @@ def record_refusal(s: Session, *, cap: str, now: datetime | None = None) -> None
 def queue_state(s: Session, *, total_cap: int, now: datetime | None = None) -> QueueState:
     """How many conversations wait for a person, and each cap's refusals since the previous hour began."""
     since = _hour(now or utcnow()) - timedelta(hours=1)
-    waiting = s.scalar(select(func.count()).select_from(Conversation).where(Conversation.handoff == "waiting"))
+    waiting = s.scalar(select(func.count()).select_from(Conversation).where(Conversation.handoff == Handoff.WAITING))
     counts = dict(s.execute(select(PersonRefusal.cap, func.sum(PersonRefusal.count))
                             .where(PersonRefusal.hour >= since).group_by(PersonRefusal.cap)).all())
     return QueueState(waiting or 0, total_cap, since, {cap: int(counts.get(str(cap), 0)) for cap in Cap})

@@ -23,12 +23,14 @@ from app.db import audit
 from app.db.conversations import message_row
 from app.db.models import Conversation, Message, Option, Rating, Template, TemplateVersion, utcnow
 from app.db.rows import PersonQueue, ReviewFilter, ReviewPage, ReviewRow, SplitView, Transcript, VersionStats
+from app.db.states import AnswerStatus, Handoff
 
 MAX_PAGE_SIZE = 100
 MAX_SEARCH_CHARS = 200
 EXPORT_BATCH = 500
 RATINGS = ("", "up", "down", "unrated")
-STATUSES = ("", "ok", "stopped", "error", "waiting", "person")
+ANSWER_STATUSES = (AnswerStatus.OK, AnswerStatus.STOPPED, AnswerStatus.ERROR)
+STATUSES = ("", *ANSWER_STATUSES, Handoff.WAITING, Handoff.PERSON)
 EXPORT_FORMATS = ("csv", "jsonl")
 # The options an operator changes at run time, with their defaults.
 OPTIONS = {"hide_transcripts": "no"}
@@ -37,7 +39,6 @@ EXPORT_FIELDS = ("conversation_id", "message_id", "template", "version", "tenant
                  "first_visible_ms", "decode_tokens_per_s", "replica", "rating", "rating_reason", "text")
 PRIVATE_FIELDS = ("text", "rating_reason", "error")  # what customers wrote or could read; left out when hidden
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs a cell that starts so as a formula
-ANSWER_STATUSES = ("ok", "stopped", "error")
 
 
 class ReviewInputError(ValueError):
@@ -71,7 +72,7 @@ def search(s: Session, *, filter: ReviewFilter, page: int = 1, page_size: int = 
         raise ReviewInputError(f"A page is a number from 1, of 1 to {MAX_PAGE_SIZE} conversations.")
     where = _conditions(f)
     total = s.scalar(select(func.count()).select_from(_base(f).where(*where).subquery()))
-    waiting = Conversation.handoff == "waiting"
+    waiting = Conversation.handoff == Handoff.WAITING
     ids = list(s.scalars(
         _base(f).where(*where)
         .order_by(case((waiting, 0), else_=1), case((waiting, Conversation.handoff_requested_at), else_=None),
@@ -84,7 +85,7 @@ def search(s: Session, *, filter: ReviewFilter, page: int = 1, page_size: int = 
 def person_queue(s: Session, *, oldest: int = 10, newest: int = 100) -> PersonQueue:
     """The conversations waiting for a person: their number, the ``oldest`` longest waiting and the ids of the
     ``newest`` to ask. Three queries on the handoff index, whatever the table's size."""
-    waiting = Conversation.handoff == "waiting"
+    waiting = Conversation.handoff == Handoff.WAITING
     total = s.scalar(select(func.count()).select_from(Conversation).where(waiting)) or 0
     first = s.execute(select(Conversation.id, Conversation.handoff_requested_at).where(waiting)
                       .order_by(Conversation.handoff_requested_at, Conversation.id).limit(oldest)).all()
@@ -99,7 +100,7 @@ def transcript(s: Session, *, conversation_id: int) -> Transcript | None:
     if not rows:
         return None
     messages = s.scalars(select(Message).where(Message.conversation_id == conversation_id,
-                                               Message.status != "replaced").order_by(Message.id)).all()
+                                               Message.status != AnswerStatus.REPLACED).order_by(Message.id)).all()
     ratings = {r.message_id: r for r in s.scalars(select(Rating).where(Rating.conversation_id == conversation_id))}
     return Transcript(rows[0], tuple(message_row(m, ratings.get(m.id)) for m in messages))
 
@@ -119,7 +120,8 @@ def export(s: Session, *, filter: ReviewFilter, fmt: str, out: IO[str], include_
         .join(Template, Conversation.template_id == Template.id)
         .outerjoin(TemplateVersion, Message.template_version_id == TemplateVersion.id)
         .outerjoin(Rating, Rating.message_id == Message.id)
-        .where(Message.conversation_id.in_(matching), Message.status.not_in(("replaced", "generating")))
+        .where(Message.conversation_id.in_(matching),
+               Message.status.not_in((AnswerStatus.REPLACED, AnswerStatus.GENERATING)))
         .order_by(Message.conversation_id, Message.id)
         .execution_options(yield_per=EXPORT_BATCH)
     )
@@ -205,7 +207,7 @@ def _conditions(f: ReviewFilter) -> list:
         where.append(Conversation.tenant == f.tenant)
     if f.text:
         pattern = "%" + f.text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        said = exists().where(Message.conversation_id == Conversation.id, Message.status != "replaced",
+        said = exists().where(Message.conversation_id == Conversation.id, Message.status != AnswerStatus.REPLACED,
                               Message.text.like(pattern, escape="\\"))
         where.append(said | Conversation.title.like(pattern, escape="\\"))
     if f.rating in ("up", "down"):
@@ -213,7 +215,7 @@ def _conditions(f: ReviewFilter) -> list:
                                     Rating.thumbs == (1 if f.rating == "up" else -1)))
     elif f.rating == "unrated":
         where.append(~exists().where(Rating.conversation_id == Conversation.id))
-    if f.status in ("waiting", "person"):
+    if f.status in (Handoff.WAITING, Handoff.PERSON):
         where.append(Conversation.handoff == f.status)
     elif f.status:
         where.append(exists().where(Message.conversation_id == Conversation.id, Message.role == "assistant",
@@ -232,11 +234,12 @@ def _rows(s: Session, ids: list[int]) -> list[ReviewRow]:
     ).all()
     counts = {cid: (n, last) for cid, n, last in s.execute(
         select(Message.conversation_id, func.count(Message.id), func.max(Message.created_at))
-        .where(Message.conversation_id.in_(ids), Message.status != "replaced").group_by(Message.conversation_id))}
+        .where(Message.conversation_id.in_(ids), Message.status != AnswerStatus.REPLACED)
+        .group_by(Message.conversation_id))}
     statuses: dict[int, set[str]] = {}
     for cid, status in s.execute(select(Message.conversation_id, Message.status).distinct()
                                  .where(Message.conversation_id.in_(ids), Message.role == "assistant",
-                                        Message.status != "replaced")):
+                                        Message.status != AnswerStatus.REPLACED)):
         statuses.setdefault(cid, set()).add(status)
     thumbs = {(cid, t): n for cid, t, n in s.execute(
         select(Rating.conversation_id, Rating.thumbs, func.count(Rating.id))
@@ -246,14 +249,14 @@ def _rows(s: Session, ids: list[int]) -> list[ReviewRow]:
         n, last = counts.get(c.id, (0, c.created_at))
         by_id[c.id] = ReviewRow(
             id=c.id, created_at=c.created_at, last_at=last or c.created_at, title=c.title, template=name,
-            version=number, tenant=c.tenant, handoff=c.handoff, handoff_requested_at=c.handoff_requested_at,
+            version=number, tenant=c.tenant, handoff=Handoff(c.handoff), handoff_requested_at=c.handoff_requested_at,
             handoff_operator=c.handoff_operator, num_messages=n, status=_worst(statuses.get(c.id, set())),
             ups=thumbs.get((c.id, 1), 0), downs=thumbs.get((c.id, -1), 0), deleted=c.deleted_at is not None)
     return [by_id[i] for i in ids if i in by_id]
 
 
 def _worst(statuses: set[str]) -> str:
-    for status in ("error", "stopped", "generating", "ok"):
+    for status in (AnswerStatus.ERROR, AnswerStatus.STOPPED, AnswerStatus.GENERATING, AnswerStatus.OK):
         if status in statuses:
             return status
     return ""
@@ -286,7 +289,8 @@ def _stats(t: Template, v: TemplateVersion, rows: Iterable) -> VersionStats:
         number=v.number, version_id=v.id, published=v.id == t.published_version_id,
         candidate=v.id == t.candidate_version_id, num_conversations=len({r.conversation_id for r in rows}),
         num_answers=len(rows), ups=sum(1 for r in rows if r.thumbs == 1), downs=sum(1 for r in rows if r.thumbs == -1),
-        stopped=sum(1 for r in rows if r.status == "stopped"), errors=sum(1 for r in rows if r.status == "error"),
+        stopped=sum(1 for r in rows if r.status == AnswerStatus.STOPPED),
+        errors=sum(1 for r in rows if r.status == AnswerStatus.ERROR),
         first_visible_p50_ms=statistics.median(visible) if visible else None,
         ttft_p50_ms=statistics.median(ttft) if ttft else None,
         prompt_tokens=sum(r.prompt_tokens or 0 for r in rows),

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
+from app.db.states import AnswerStatus, Arm, Handoff
+
 
 @dataclass(frozen=True)
 class TemplateInfo:
@@ -37,7 +39,7 @@ class ConversationState:
     """Who owns a conversation, who answers it, and the template version it stays on."""
 
     session_key: str
-    handoff: str  # "" the model answers, "waiting" for a person, "person" an operator holds it
+    handoff: Handoff
     template_version_id: int | None  # None for conversations older than the column: the published version
 
 
@@ -49,7 +51,7 @@ class TurnIds:
     user_message_id: int
     answer_id: int | None  # None when a person answers this conversation: no answer row was written
     template_version_id: int | None = None  # the version the turn is answered with
-    handoff: str = ""  # the conversation's hand-off state when the turn was stored
+    handoff: Handoff = Handoff.MODEL  # the conversation's hand-off state when the turn was stored
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class MessageRow:
     conversation_id: int
     role: str
     text: str
-    status: str
+    status: AnswerStatus
     error: str | None
     template_version_id: int | None
     prompt_tokens: int | None
@@ -81,7 +83,7 @@ class MessageRow:
     @property
     def cut_off(self) -> bool:
         """The answer ended at its token budget, not where the model meant to stop."""
-        return self.status == "ok" and self.finish_reason == "length"
+        return self.status == AnswerStatus.OK and self.finish_reason == "length"
 
 
 @dataclass(frozen=True)
@@ -100,14 +102,14 @@ class ConversationRow:
     template: str
     created_at: datetime
     num_messages: int
-    handoff: str = ""  # "" with the model, "waiting" for a person, "person" with an operator
+    handoff: Handoff = Handoff.MODEL
     template_version_id: int | None = None
 
 
 @dataclass(frozen=True)
 class AnswerResult:
     text: str
-    status: str  # ok | stopped | error
+    status: AnswerStatus  # OK, STOPPED or ERROR
     error: str | None = None
     prompt_tokens: int | None = None
     num_cached_tokens: int | None = None
@@ -367,6 +369,10 @@ class SplitArm:
     candidate: bool  # the candidate arm (else the published one)
     share: float  # of new conversations this arm gets
     num_conversations: int
+
+    @property
+    def arm(self) -> Arm:
+        return Arm.CANDIDATE if self.candidate else Arm.PUBLISHED
 
 
 @dataclass(frozen=True)

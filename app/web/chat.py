@@ -43,6 +43,7 @@ from app.core.desk import (MAX_FIRST_VISIBLE_MS, MAX_MESSAGE_CHARS, PERSON_MARKE
 from app.core.prompts import Turn
 from app.core.session_keys import SessionKeys
 from app.db.rows import ConversationRow, MessageRow
+from app.db.states import AnswerStatus, Handoff
 from app.engine import EngineInfo
 from app.core.refusals import Refused
 from app.web.chat_text import API_TEXT, TEXT, caption_details, caption_title, refusal_text
@@ -161,7 +162,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     def with_handoff(messages: list[dict], now: ConversationRow) -> list[dict]:
         if now.handoff:
-            messages = messages + [_notice(t["waiting_person" if now.handoff == "waiting" else "with_person"], t)]
+            messages = messages + [_notice(t["waiting_person" if now.handoff == Handoff.WAITING else "with_person"], t)]
         return messages
 
     @_calm(8)
@@ -440,7 +441,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if not asked and not handoff:
             return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
         seen = max((_answer_id(m) or 0 for m in shown), default=0)
-        shown = shown + [_notice(t["waiting_person" if handoff == "waiting" else "with_person"], t)]
+        shown = shown + [_notice(t["waiting_person" if handoff == Handoff.WAITING else "with_person"], t)]
         return shown, shown, gr.Timer(active=True), seen
 
     @_calm(4)
@@ -761,7 +762,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
             # answer's stored row, as the customer may see it (event.customer: app/core/cache_figures.py).
             shown = base if asked_in == event.message.conversation_id else base[-1:]
             if event.message.status == WITH_PERSON:  # a person has the conversation: the question waits for them
-                answer = [_notice(t["waiting_person" if event.handoff == "waiting" else "with_person"], t)]
+                answer = [_notice(t["waiting_person" if event.handoff == Handoff.WAITING else "with_person"], t)]
             else:
                 answer = _answer_messages(event.customer, t, language)
             if event.person_refused:  # the answer asked for a person and the queue's caps refused
@@ -835,10 +836,10 @@ def _answer_messages(m: MessageRow, t: dict, language: str) -> list[dict]:
     out = [_message("assistant", text)] if text else []
     if m.author:  # a person's reply, marked as a person's (``author`` is their console login: not said)
         out.append(_message("assistant", when(m), f"{t['person']} · {when(m)}", m.id))
-    elif m.status == "ok":
+    elif m.status == AnswerStatus.OK:
         title = caption_title(m, language) + (f" · {t['cut_off']}" if m.cut_off else "") + f" · {when(m)}"
         out.append(_message("assistant", caption_details(m, language), title, m.id))
-    elif m.status == "stopped":
+    elif m.status == AnswerStatus.STOPPED:
         out.append(_message("assistant", caption_details(m, language) if m.prompt_tokens else t["stopped"],
                             f"{t['stopped']} · {when(m)}", m.id))
     elif m.status == WITH_PERSON:
@@ -853,7 +854,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
     for m in messages:
         if m.role == "user":
             out.append(_message("user", m.text))
-        elif m.status != "generating":
+        elif m.status != AnswerStatus.GENERATING:
             out.extend(_answer_messages(m, t, language))
     return out
 
@@ -915,7 +916,7 @@ def _api_final(event: Finished, language: str) -> dict:
     m = event.customer
     return {
         "text": m.text, "done": True, "status": m.status, "error": m.error,
-        "caption": caption_title(m, language) if m.status == "ok" else "",
+        "caption": caption_title(m, language) if m.status == AnswerStatus.OK else "",
         "conversation_id": m.conversation_id, "message_id": m.id, "prompt_tokens": m.prompt_tokens,
         "num_cached_tokens": m.num_cached_tokens, "ttft_ms": m.ttft_ms, "output_tokens": m.output_tokens,
         "decode_tokens_per_s": m.decode_tokens_per_s, "replica": m.replica, "dropped_turns": event.dropped_turns,

@@ -5,7 +5,7 @@ A refused request is answered with a short JSON body and writes one log line, ne
 shape Gradio would fail on after it started answering (an fn_index given as "0" or 0.0, event data of
 the wrong shape, a stream of a session that never joined an event) is refused here, before it reads it.
 The security headers (SECURITY_HEADERS) are written by the server itself on every response
-(app/web/server.py, uvicorn_config): the app's, and those uvicorn writes on its own (a 400 for a
+(app/server.py, uvicorn_config): the app's, and those uvicorn writes on its own (a 400 for a
 malformed request, a 500, the arrival timeout's 408).
 """
 
@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 from starlette.requests import ClientDisconnect
 
 from app.log_text import RateLimitedLog, printable
+from app.web.bodies import replay, whole_body
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class GradioRoutes:
             if session_hash is not None and _plain_hash(session_hash) and not self.streams[mount](session_hash):
                 return await self._refuse(scope, send, 404, NO_STREAM, "no event joined in that session")
         if local in (CHAT_JOIN, CHAT_PREDICT) and scope.get("method") == "POST":
-            body = await _whole_body(receive)
+            body = await whole_body(receive)
             if body is None:
                 return
             value = await _parsed(body)
@@ -207,7 +208,7 @@ class GradioRoutes:
                                           f"event {fn_index}: event data of another shape")
             if not console and _names_a_file(body, value):
                 return await self._refuse(scope, send, 400, NO_FILES, f"event {fn_index}: a file")
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
         await self.app(scope, receive, send)
 
     async def _refuse(self, scope, send, status: int, message: str, why: str) -> None:
@@ -283,32 +284,6 @@ async def _parsed(body: bytes):
         return json.loads(body) if len(body) < PARSE_ON_THREAD_BYTES else await asyncio.to_thread(json.loads, body)
     except (ValueError, RecursionError):
         return None
-
-
-async def _whole_body(receive) -> bytes | None:
-    """The request's body (already bounded by RequestGuard); None when the client went away."""
-    chunks = []
-    while True:
-        event = await receive()
-        if event["type"] == "http.disconnect":
-            return None
-        chunks.append(event.get("body", b""))
-        if not event.get("more_body", False):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    """A ``receive`` that hands the app ``body`` once, then waits on the client as the original does."""
-    sent = False
-
-    async def replayed():
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replayed
 
 
 def _names_a_file(body: bytes, value) -> bool:

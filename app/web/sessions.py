@@ -39,6 +39,7 @@ from urllib.parse import parse_qs
 from app.core.callers import ProxyTrust
 from app.core.limits import ClientLimiter, RateLimited
 from app.log_text import RateLimitedLog, printable
+from app.web.bodies import replay, whole_body
 from app.web.chat_text import TEXT
 
 log = logging.getLogger(__name__)
@@ -81,10 +82,10 @@ class SessionGuard:
             return await self.app(scope, receive, send)
         mount, where = route
         if where == "body":
-            body = await _read_body(receive)
+            body = await whole_body(receive)
             if body is None:  # the client went away (or the size guard cut the body off)
                 return None
-            receive = _replay(body, receive)
+            receive = replay(body, receive)
             session_hash = await _hash_in_body(body)
         elif where == "query":
             session_hash = _hash_in_query(scope)
@@ -204,30 +205,6 @@ def _session_route(method: str, path: str) -> tuple[str, str] | None:
     if method == "GET" and rest.startswith(("heartbeat/", "stream/")):
         return mount, rest.split("/")[1]
     return None
-
-
-async def _read_body(receive) -> bytes | None:
-    chunks = []
-    while True:
-        event = await receive()
-        if event["type"] == "http.disconnect":
-            return None
-        chunks.append(event.get("body", b""))
-        if not event.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(body: bytes, receive):
-    sent = False
-
-    async def replay():
-        nonlocal sent
-        if sent:
-            return await receive()  # after the body: the disconnect, when it comes
-        sent = True
-        return {"type": "http.request", "body": body, "more_body": False}
-
-    return replay
 
 
 async def _hash_in_body(body: bytes) -> object:

@@ -350,7 +350,7 @@ def test_the_chat_page_shows_a_remote_answer_in_paced_pieces_and_its_end_at_once
     pacing interval), and after the engine's last token exactly one update, the stored answer."""
     from app.web.chat import _Ahead, _stream
     from app.web.chat_text import TEXT
-    from app.web.server import build_services
+    from app.server import build_services
 
     engine = _Recording(remote_engine)
     settings = remote_settings.replace(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'pd.db'}",

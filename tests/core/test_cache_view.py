@@ -218,7 +218,7 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
 
 
 def test_the_tree_says_one_block_and_one_conversation_in_the_singular():
-    from app.console.i18n import TEXT
+    from admin.i18n import TEXT
     from app.core.cache_tree import CacheTree, TemplateOnNode, TreeNode, render_tree_html
 
     node = TreeNode((TemplateOnNode("support-en", 1, False, 1, 1, 40),), 1, 1, 1, ())

@@ -5,18 +5,16 @@ PostgreSQL runs when PREFIXDESK_TEST_POSTGRES_URL names a server where the user 
 """
 
 import asyncio
-import os
 import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, inspect, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import inspect, text
 
 from app import template_files
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Finished
-from app.db import Database, open_database
+from app.db import Database
 from app.db import audit as db_audit
 from app.db import conversations as db_conversations
 from app.db import leases as db_leases
@@ -25,38 +23,11 @@ from app.db import operators as db_operators
 from app.db import templates as db_templates
 from app.db.models import utcnow
 from app.db.rows import AnswerResult, SampleRow
+from app.db.states import AnswerStatus, Handoff
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import ROOT, collect, full_blocks
 
-POSTGRES = os.environ.get("PREFIXDESK_TEST_POSTGRES_URL", "")
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
-    not POSTGRES, reason="set PREFIXDESK_TEST_POSTGRES_URL (as .ci/run does) to run on PostgreSQL"))]
 NO_CHECK = lambda *_: None  # noqa: E731 (sizes are the console's concern, tested in test_admin_templates.py)
-
-
-@pytest.fixture(params=BACKENDS)
-def fresh_db(request, tmp_path):
-    """A migrated, seeded database of this test's own on the parametrized backend."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'fresh.db'}"
-        drop = None
-    else:
-        name = f"pd_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-        url = make_url(POSTGRES).set(database=name).render_as_string(hide_password=False)
-
-        def drop():
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-            admin.dispose()
-    db = open_database(url)
-    db.run(db_templates.seed, template_files.read_folder(ROOT / "templates"))
-    yield db
-    db.close()
-    if drop:
-        drop()
 
 
 def test_migrations_make_every_table_and_the_seed_fills_them(fresh_db):
@@ -97,6 +68,25 @@ def test_a_turn_is_stored_before_the_answer_and_finished_after(fresh_db):
     [conv] = fresh_db.run(db_conversations.list_for, session_key="s1")
     assert (conv.title, conv.template, conv.num_messages) == ("发票怎么开？", "电商客服", 2)
     assert fresh_db.run(db_conversations.list_for, session_key="someone else") == []
+
+
+def test_rows_hold_states_as_types_stored_as_the_strings_of_before(fresh_db):
+    t = fresh_db.run(db_templates.published)[0]
+    turn = fresh_db.run(db_conversations.begin_turn, session_key="s", conversation_id=None, template_id=t.id,
+                        template_version_id=t.version_id, text="我要人工")
+    fresh_db.run(db_conversations.finish_answer, message_id=turn.answer_id,
+                 result=AnswerResult(text="好的", status=AnswerStatus.STOPPED))
+    fresh_db.run(db_conversations.request_person, session_key="s", conversation_id=turn.conversation_id)
+    rows = fresh_db.run(db_conversations.messages, conversation_id=turn.conversation_id)
+    assert [(type(m.status), m.status) for m in rows] == [(AnswerStatus, AnswerStatus.OK),
+                                                          (AnswerStatus, AnswerStatus.STOPPED)]
+    state = fresh_db.run(db_conversations.state_of, conversation_id=turn.conversation_id)
+    assert (type(state.handoff), state.handoff) == (Handoff, Handoff.WAITING)
+    assert fresh_db.run(db_conversations.handoff_of, conversation_id=turn.conversation_id) is Handoff.WAITING
+    assert fresh_db.run(db_conversations.handoff_of, conversation_id=10**9) is Handoff.MODEL
+    stored = fresh_db.run(lambda s: (s.execute(text("select status from messages order by id")).scalars().all(),
+                                     s.execute(text("select handoff from conversations")).scalar_one()))
+    assert stored == (["ok", "stopped"], "waiting")
 
 
 def test_a_retry_replaces_the_last_answer_and_keeps_the_old_one_for_the_record(fresh_db):
@@ -289,7 +279,7 @@ def test_the_desk_answers_on_this_database(fresh_db, services, aio, block_size):
 
 
 def test_the_console_changes_templates_and_the_chat_sees_them_at_once(fresh_db, services, aio):
-    from app.console.templates import PrefixMeter, Templates
+    from admin.templates import PrefixMeter, Templates
 
     catalog = TemplateCatalog(fresh_db, services.prompts)
     catalog.load()

@@ -4,54 +4,19 @@ exports, versions judged by their answers, live splits, options, and what a pers
 import csv
 import io
 import json
-import os
-import uuid
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
-from app import template_files
 from app.db import audit as db_audit
 from app.db import conversations as db_conversations
-from app.db import open_database
 from app.db import review as db_review
 from app.db import templates as db_templates
 from app.db.models import Conversation, utcnow
 from app.db.review import ReviewInputError
 from app.db.rows import AnswerResult, PersonQueue, ReviewFilter
-from tests.helpers.servers import ROOT
 
-POSTGRES = os.environ.get("PREFIXDESK_TEST_POSTGRES_URL", "")
-BACKENDS = ["sqlite", pytest.param("postgresql", marks=pytest.mark.skipif(
-    not POSTGRES, reason="set PREFIXDESK_TEST_POSTGRES_URL (as .ci/run does) to run on PostgreSQL"))]
 NO_CHECK = lambda *_: None  # noqa: E731
-
-
-@pytest.fixture(params=BACKENDS)
-def review_db(request, tmp_path):
-    """A migrated, seeded database of this test's own."""
-    drop = None
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'review.db'}"
-    else:
-        name = f"pd_{uuid.uuid4().hex[:12]}"
-        admin = create_engine(POSTGRES, isolation_level="AUTOCOMMIT")
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-        url = make_url(POSTGRES).set(database=name).render_as_string(hide_password=False)
-
-        def drop():
-            with admin.connect() as c:
-                c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
-            admin.dispose()
-    db = open_database(url)
-    db.run(db_templates.seed, template_files.read_folder(ROOT / "templates"))
-    yield db
-    db.close()
-    if drop:
-        drop()
 
 
 def template(db, name):
@@ -73,14 +38,14 @@ def ids(page):
     return [r.id for r in page.rows]
 
 
-def test_the_list_filters_and_pages_with_the_conversations_waiting_for_a_person_first(review_db):
-    run = review_db.run
-    a = conversation(review_db, "电商客服", "屏幕碎了能退吗？")
+def test_the_list_filters_and_pages_with_the_conversations_waiting_for_a_person_first(fresh_db):
+    run = fresh_db.run
+    a = conversation(fresh_db, "电商客服", "屏幕碎了能退吗？")
     run(db_conversations.rate, session_key="s", message_id=a.answer_id, thumbs=-1, reason="答非所问")
-    b = conversation(review_db, "support-en", "Where is my parcel?", status="error")
-    c = conversation(review_db, "电商客服", "我要找人工")
-    d = conversation(review_db, "support-en", "A person, please")
-    e = conversation(review_db, "电商客服", "双十一 50%_off 还有吗？", status="stopped", tenant="acme")
+    b = conversation(fresh_db, "support-en", "Where is my parcel?", status="error")
+    c = conversation(fresh_db, "电商客服", "我要找人工")
+    d = conversation(fresh_db, "support-en", "A person, please")
+    e = conversation(fresh_db, "电商客服", "双十一 50%_off 还有吗？", status="stopped", tenant="acme")
     run(db_conversations.request_person, session_key="s", conversation_id=c.conversation_id)
     run(db_conversations.request_person, session_key="s", conversation_id=d.conversation_id)
     a, b, c, d, e = (x.conversation_id for x in (a, b, c, d, e))
@@ -125,20 +90,20 @@ def test_the_list_filters_and_pages_with_the_conversations_waiting_for_a_person_
     (dict(version=0), "version number"),
     (dict(tenant=7), "The tenant filter must be text"),
 ])
-def test_a_filter_of_the_wrong_type_size_or_value_is_refused_before_any_query(review_db, bad, message):
+def test_a_filter_of_the_wrong_type_size_or_value_is_refused_before_any_query(fresh_db, bad, message):
     with pytest.raises(ReviewInputError, match=message):
-        review_db.run(db_review.search, filter=ReviewFilter(**bad))
+        fresh_db.run(db_review.search, filter=ReviewFilter(**bad))
 
 
 @pytest.mark.parametrize("page, page_size", [(0, 20), (1, 0), (1, 101), ("1", 20), (1.5, 20), (True, 20)])
-def test_a_page_outside_the_bounds_is_refused(review_db, page, page_size):
+def test_a_page_outside_the_bounds_is_refused(fresh_db, page, page_size):
     with pytest.raises(ReviewInputError, match="A page is a number from 1, of 1 to 100 conversations"):
-        review_db.run(db_review.search, filter=ReviewFilter(), page=page, page_size=page_size)
+        fresh_db.run(db_review.search, filter=ReviewFilter(), page=page, page_size=page_size)
 
 
-def test_a_transcript_has_every_answer_with_its_numbers_rating_and_author(review_db):
-    run = review_db.run
-    turn = conversation(review_db, "电商客服", "发票怎么开？", cached=64)
+def test_a_transcript_has_every_answer_with_its_numbers_rating_and_author(fresh_db):
+    run = fresh_db.run
+    turn = conversation(fresh_db, "电商客服", "发票怎么开？", cached=64)
     run(db_conversations.rate, session_key="s", message_id=turn.answer_id, thumbs=1, reason="很清楚")
     run(db_conversations.set_first_visible, session_key="s", message_id=turn.answer_id, ms=42.26)
     run(db_conversations.request_person, session_key="s", conversation_id=turn.conversation_id)
@@ -156,12 +121,12 @@ def test_a_transcript_has_every_answer_with_its_numbers_rating_and_author(review
     assert run(db_review.transcript, conversation_id=10**9) is None
 
 
-def test_exports_stream_csv_and_jsonl_defuse_formulas_and_leave_texts_out_when_hidden(review_db):
-    run = review_db.run
+def test_exports_stream_csv_and_jsonl_defuse_formulas_and_leave_texts_out_when_hidden(fresh_db):
+    run = fresh_db.run
     hostile = "=HYPERLINK(\"http://evil.example\",\"点我\")"
-    turn = conversation(review_db, "support-en", hostile, answer="+1 we can help")
+    turn = conversation(fresh_db, "support-en", hostile, answer="+1 we can help")
     run(db_conversations.rate, session_key="s", message_id=turn.answer_id, thumbs=-1, reason="@everyone bad")
-    conversation(review_db, "电商客服", "别的问题")
+    conversation(fresh_db, "电商客服", "别的问题")
     only = ReviewFilter(template="support-en")
 
     out = io.StringIO()
@@ -183,11 +148,11 @@ def test_exports_stream_csv_and_jsonl_defuse_formulas_and_leave_texts_out_when_h
         run(db_review.export, filter=only, fmt="xlsx", out=io.StringIO(), include_text=True)
 
 
-def test_a_split_compares_its_arms_since_it_began_and_every_step_is_audited(review_db):
-    run = review_db.run
+def test_a_split_compares_its_arms_since_it_began_and_every_step_is_audited(fresh_db):
+    run = fresh_db.run
     name = "support-en"
     run(db_templates.save_version, name=name, text="Be brief.", base_version=1, user="op", check_fits=NO_CHECK)
-    early = conversation(review_db, name, "before the split")  # on v1, before the split: not in the arms
+    early = conversation(fresh_db, name, "before the split")  # on v1, before the split: not in the arms
     run(db_conversations.rate, session_key="s", message_id=early.answer_id, thumbs=1)
     for bad, message in ((0.0, "between 1% and 99%"), (1.0, "between 1% and 99%"), ("0.5", "between 1% and 99%"),
                          (True, "between 1% and 99%")):
@@ -196,7 +161,7 @@ def test_a_split_compares_its_arms_since_it_began_and_every_step_is_audited(revi
     with pytest.raises(db_templates.TemplateAdminError, match="v1 is the published version"):
         run(db_templates.start_split, name=name, version=1, share=0.5, user="op", check_fits=NO_CHECK)
     run(db_templates.start_split, name=name, version=2, share=0.5, user="op", check_fits=NO_CHECK)
-    published = template(review_db, name)
+    published = template(fresh_db, name)
     [candidate] = run(db_templates.candidates)
     assert (published.candidate_version_id, published.candidate_share) == (candidate.version_id, 0.5)
     assert (candidate.name, candidate.version_number, candidate.chain) == (name, 2, ("Be brief.",))
@@ -223,7 +188,7 @@ def test_a_split_compares_its_arms_since_it_began_and_every_step_is_audited(revi
     change = run(db_templates.promote_candidate, name=name, user="op", check_fits=NO_CHECK)
     assert (change.before_version, change.after_version) == (1, 2)
     assert run(db_templates.candidates) == []
-    assert template(review_db, name).version_number == 2
+    assert template(fresh_db, name).version_number == 2
     # A conversation stays on the version it started on, whatever is published since.
     kept = run(db_conversations.state_of, conversation_id=arms[published.version_id][0])
     assert kept.template_version_id == published.version_id
@@ -241,9 +206,9 @@ def test_a_split_compares_its_arms_since_it_began_and_every_step_is_audited(revi
         ("start split", "candidate version", None, "2")]
 
 
-def test_a_conversation_a_person_answers_stores_the_customers_message_alone(review_db):
-    run = review_db.run
-    turn = conversation(review_db, "电商客服", "我要人工")
+def test_a_conversation_a_person_answers_stores_the_customers_message_alone(fresh_db):
+    run = fresh_db.run
+    turn = conversation(fresh_db, "电商客服", "我要人工")
     cid = turn.conversation_id
     run(db_conversations.request_person, session_key="s", conversation_id=cid)
     held = run(db_conversations.begin_turn, session_key="s", conversation_id=cid, template_id=1,
@@ -264,8 +229,8 @@ def test_a_conversation_a_person_answers_stores_the_customers_message_alone(revi
         run(db_conversations.messages_after, session_key="someone else", conversation_id=cid, after_id=0)
 
 
-def test_an_option_change_is_stored_and_audited(review_db):
-    run = review_db.run
+def test_an_option_change_is_stored_and_audited(fresh_db):
+    run = fresh_db.run
     assert run(db_review.get_option, name="hide_transcripts") == "no"
     run(db_review.set_option, name="hide_transcripts", value="yes", user="alice")
     assert run(db_review.get_option, name="hide_transcripts") == "yes"
@@ -276,9 +241,9 @@ def test_an_option_change_is_stored_and_audited(review_db):
         run(db_review.set_option, name="debug", value="yes", user="alice")
 
 
-def test_the_waiting_order_does_not_depend_on_how_the_backend_sorts_missing_times(review_db):
-    run = review_db.run
-    turns = [conversation(review_db, "电商客服", f"问题 {i}") for i in range(3)]
+def test_the_waiting_order_does_not_depend_on_how_the_backend_sorts_missing_times(fresh_db):
+    run = fresh_db.run
+    turns = [conversation(fresh_db, "电商客服", f"问题 {i}") for i in range(3)]
     run(db_conversations.request_person, session_key="s", conversation_id=turns[2].conversation_id)
 
     def backdate(s, *, conversation_id, minutes):
@@ -290,10 +255,10 @@ def test_the_waiting_order_does_not_depend_on_how_the_backend_sorts_missing_time
     assert ids(page) == [turns[0].conversation_id, turns[2].conversation_id, turns[1].conversation_id]
 
 
-def test_the_person_queue_counts_the_waiting_and_names_the_longest_waiting_first(review_db):
-    run = review_db.run
+def test_the_person_queue_counts_the_waiting_and_names_the_longest_waiting_first(fresh_db):
+    run = fresh_db.run
     assert run(db_review.person_queue) == PersonQueue(0, (), ())
-    turns = [conversation(review_db, "电商客服", f"找人工 {i}") for i in range(4)]
+    turns = [conversation(fresh_db, "电商客服", f"找人工 {i}") for i in range(4)]
     a, b, c, d = (x.conversation_id for x in turns)
     for cid in (a, b, c, d):
         run(db_conversations.request_person, session_key="s", conversation_id=cid)

@@ -10,7 +10,7 @@ from app.db.models import utcnow
 class ManualClock:
     """Monotonic seconds and the UTC time, moving together only when ``advance`` says so. The UTC time starts at
     the real one, so what it stamps sits among the rows the real clock wrote. Called, it is the monotonic time
-    (LoginThrottle's clock); as ``clock=`` it is an app.console.access.Clock."""
+    (LoginThrottle's clock); as ``clock=`` it is an admin.access.Clock."""
 
     def __init__(self):
         self.now_s = 1000.0

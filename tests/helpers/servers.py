@@ -70,7 +70,7 @@ def full_blocks(n_tokens: int, block_size: int) -> int:
 
 def operator(services, name: str, password: str) -> tuple[str, str]:
     """An operator account in the session database (created or reset)."""
-    from app.console import operators
+    from admin import operators
 
     operators.set_password(services.db, name=name, password=password)
     return name, password
@@ -82,7 +82,7 @@ def start_services(settings):
     must attach to the engine loop on its first request instead."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from app.web.server import build_services
+    from app.server import build_services
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(build_services, settings).result()
@@ -238,7 +238,7 @@ class SecondServer:
 
         import uvicorn
 
-        from app.web.server import build_services, create_app, uvicorn_config
+        from app.server import build_services, create_app, uvicorn_config
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()

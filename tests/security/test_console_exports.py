@@ -15,7 +15,7 @@ from pathlib import Path
 
 from gradio_client import Client
 
-from app.console.exports import EXPORT_TTL_S, ExportFiles
+from admin.exports import EXPORT_TTL_S, ExportFiles
 from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import SecondServer, operator
 

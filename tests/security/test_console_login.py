@@ -14,6 +14,7 @@ refused, passwords are hashed on a thread a few at a time, and a session is one 
 against the database.
 """
 
+import asyncio
 import json
 import statistics
 import subprocess
@@ -23,10 +24,8 @@ import time
 
 import httpx
 
-import asyncio
-
-import app.console.access
-from app.console.access import DEVICE_COOKIE, HASH_CONCURRENCY, ConsoleAccess
+import admin.access
+from admin.access import DEVICE_COOKIE, HASH_CONCURRENCY, ConsoleAccess
 from tests.helpers.clocks import ManualClock
 from tests.helpers.latency import loop_thread
 from tests.helpers.servers import SecondServer, operator
@@ -104,7 +103,7 @@ class HeldChecks:
         self.started = threading.Event()
         self._released = threading.Event()
         self._lock = threading.Lock()
-        verify = app.console.access.verify_password
+        verify = admin.access.verify_password
 
         def held(password, stored):
             with self._lock:
@@ -119,7 +118,7 @@ class HeldChecks:
                 with self._lock:
                     self.running -= 1
 
-        monkeypatch.setattr(app.console.access, "verify_password", held)
+        monkeypatch.setattr(admin.access, "verify_password", held)
 
     def release(self) -> None:
         self._released.set()
@@ -161,13 +160,13 @@ def test_thirty_two_logins_at_once_do_not_stall_the_server(proxied, engine_loop,
 def counting_hashes(monkeypatch) -> list[str]:
     """The passwords the console hashes from now on (the real scrypt check still runs)."""
     hashed: list[str] = []
-    verify = app.console.access.verify_password
+    verify = admin.access.verify_password
 
     def counted(password, stored):
         hashed.append(password)
         return verify(password, stored)
 
-    monkeypatch.setattr(app.console.access, "verify_password", counted)
+    monkeypatch.setattr(admin.access, "verify_password", counted)
     return hashed
 
 
@@ -251,7 +250,7 @@ def test_the_operators_own_browser_logs_in_ahead_of_fresh_addresses(services, ai
             try:
                 await access.login(name=OPERATOR[0], password=password, client=client, device=device)
                 return True
-            except app.console.access.LoginRefused:
+            except admin.access.LoginRefused:
                 return False
             finally:
                 finished.append(client)

@@ -5,8 +5,8 @@ import json
 
 import gradio as gr
 
-from app.console.access import SESSION_COOKIE
-from app.console.queue_ui import build_queue
+from admin.access import SESSION_COOKIE
+from admin.queue_ui import build_queue
 from tests.helpers.servers import operator
 
 SKIP = {"__type__": "update"}  # gr.skip(): the page keeps what it shows

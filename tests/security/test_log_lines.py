@@ -14,7 +14,7 @@ import httpx
 
 from tests.helpers.attack import call_event, config
 
-FORGED = "\r\n2026-12-01 09:00:00,000 ERROR app.console.access: operator admin logged in from 10.0.0.1"
+FORGED = "\r\n2026-12-01 09:00:00,000 ERROR admin.access: operator admin logged in from 10.0.0.1"
 
 
 def new_lines(edge, action) -> list[str]:
@@ -23,9 +23,9 @@ def new_lines(edge, action) -> list[str]:
 
 def test_a_path_with_newlines_is_one_log_line(edge):
     lines = new_lines(edge, lambda: httpx.get(edge.url + "gradio_api/x%0d%0a2026-12-01%2009:00:00,000%20ERROR"
-                                              "%20app.console.access:%20operator%20admin%20logged%20in"))
+                                              "%20admin.access:%20operator%20admin%20logged%20in"))
     assert len(lines) == 1, lines
-    assert "/gradio_api/x\\r\\n2026-12-01 09:00:00,000 ERROR app.console.access: operator admin logged in" in lines[0]
+    assert "/gradio_api/x\\r\\n2026-12-01 09:00:00,000 ERROR admin.access: operator admin logged in" in lines[0]
 
 
 def test_a_file_path_with_newlines_in_a_chat_event_forges_no_line(edge):

@@ -20,8 +20,8 @@ from gradio_client import Client
 from sqlalchemy import select
 
 from app import template_files
-from app.console.conversations_ui import queue_line
-from app.console.i18n import TEXT as CONSOLE_TEXT
+from admin.conversations_ui import queue_line
+from admin.i18n import TEXT as CONSOLE_TEXT
 from app.db import conversations as db_conversations
 from app.db import open_database
 from app.db import person_queue

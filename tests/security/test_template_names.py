@@ -4,7 +4,7 @@ Before: a template named ``<img src=http://…>`` made the console fetch that im
 ``![](http://…)`` name did the same) wherever the name was shown as Markdown: the status line, the
 warmup summary, the editor's info line.
 After: every name the console writes into Markdown or HTML is escaped as literal text
-(app/console/markup.py; the cache tree already escaped its HTML), and the page's
+(admin/markup.py; the cache tree already escaped its HTML), and the page's
 Content-Security-Policy would block a remote image anyway: this test looks for the element too.
 """
 

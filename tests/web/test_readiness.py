@@ -7,7 +7,7 @@ import os
 import urllib.request
 
 from app.engine import Delta
-from app.web.server import WARMUP_RETRY_S
+from app.server import WARMUP_RETRY_S
 from tests.helpers.servers import SecondServer
 from tests.helpers.waiting import wait_until
 

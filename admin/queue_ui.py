@@ -20,8 +20,8 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import TEXT
+from admin.context import Console
+from admin.i18n import TEXT
 from app.core.cache_tree import plural
 from app.db import review as db_review
 from app.db.models import utcnow

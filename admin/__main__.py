@@ -1,11 +1,11 @@
-"""``python -m app.console``: operator accounts and exports, without starting the engine.
+"""``python -m admin``: operator accounts and exports, without starting the engine.
 
-    python -m app.console create-user NAME        # asks for the password (or reads PASSWORD from stdin)
-    python -m app.console set-password NAME
-    python -m app.console disable-user NAME
-    python -m app.console list-users
-    python -m app.console export-templates DIR    # the templates/ file format, current versions
-    python -m app.console export-table TABLE [--format csv|json]   # any table, e.g. audit or messages
+    python -m admin create-user NAME        # asks for the password (or reads PASSWORD from stdin)
+    python -m admin set-password NAME
+    python -m admin disable-user NAME
+    python -m admin list-users
+    python -m admin export-templates DIR    # the templates/ file format, current versions
+    python -m admin export-table TABLE [--format csv|json]   # any table, e.g. audit or messages
 """
 
 from __future__ import annotations
@@ -17,12 +17,12 @@ from pathlib import Path
 
 
 def main(argv: list[str]) -> int:
-    from app.console import operators
+    from admin import operators
     from app.db import open_database
     from app.db import templates as db_templates
     from app.settings import SettingsError, load_settings
 
-    parser = argparse.ArgumentParser(prog="python -m app.console", description="prefixdesk operator tools")
+    parser = argparse.ArgumentParser(prog="python -m admin", description="prefixdesk operator tools")
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("create-user", "set-password", "disable-user"):
         sub.add_parser(name).add_argument("name")
@@ -36,7 +36,7 @@ def main(argv: list[str]) -> int:
     try:
         settings = load_settings()
     except SettingsError as exc:
-        print(f"python -m app.console: {exc}", file=sys.stderr)
+        print(f"python -m admin: {exc}", file=sys.stderr)
         return 2
     db = open_database(settings.database_url)
     try:
@@ -61,7 +61,7 @@ def main(argv: list[str]) -> int:
         elif args.command == "export-table":
             _export_table(settings.database_url, args.table, args.format)
     except (ValueError, LookupError) as exc:
-        print(f"python -m app.console: {exc}", file=sys.stderr)
+        print(f"python -m admin: {exc}", file=sys.stderr)
         return 1
     finally:
         db.close()

@@ -6,10 +6,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.console.access import ConsoleAccess
-from app.console.exports import ExportFiles
-from app.console.i18n import TEXT
-from app.console.templates import PrefixMeter, Templates
+from admin.access import ConsoleAccess
+from admin.exports import ExportFiles
+from admin.i18n import TEXT
+from admin.templates import PrefixMeter, Templates
 from app.core.catalog import TemplateCatalog
 from app.core.desk import Desk
 from app.core.warmup import probe_token

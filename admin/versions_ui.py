@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import headers
-from app.console.markup import literal
+from admin.context import Console
+from admin.i18n import headers
+from admin.markup import literal
 from app.core.warmup import warm
 from app.db.rows import SplitView, VersionStats
 from app.db.templates import TemplateAdminError

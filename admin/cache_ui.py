@@ -17,8 +17,9 @@ from datetime import timedelta
 import gradio as gr
 import pandas as pd
 
-from app.console.context import Console
-from app.console.i18n import headers
+from admin.confirm import confirm_dialog
+from admin.context import Console
+from admin.i18n import headers
 from app.core.cache_tree import cache_tree, plural, render_tree_html, template_counts, template_label
 from app.core.cache_view import CacheView, read_cache_view, template_residency
 from app.db import audit as db_audit
@@ -69,11 +70,7 @@ def build_cache_tab(console: Console):
         requests_plot = gr.LinePlot(title=t["plot_requests"], y_axis_format="d", x_title=t["plot_minutes"],
                                     elem_id="plot-requests", **PLOT)
     reset_btn = gr.Button(t["reset"], variant="stop", size="sm", elem_id="reset-cache")
-    with gr.Row(visible=False) as confirm_row:
-        gr.Markdown(t["reset_confirm"])
-        confirm_btn = gr.Button(t["reset_yes"], variant="stop", size="sm", elem_id="reset-cache-confirm")
-        cancel_btn = gr.Button(t["cancel"], size="sm", elem_id="reset-cache-cancel")
-    reset_status = gr.Markdown(elem_id="reset-status")
+    confirm = confirm_dialog(t, question=t["reset_confirm"], elem_id="reset-cache", status_id="reset-status")
     timer = gr.Timer(REFRESH_S)
 
     outputs = [cards, replicas, templates, tree, hit_plot, kv_plot, ttft_plot, requests_plot]
@@ -87,14 +84,6 @@ def build_cache_tab(console: Console):
         return (_cards(view, t, console.settings.kv_cache_metrics), _replica_rows(engine, t),
                 _template_rows(console, usage, counts), trees, *_plots(samples, view, t))
 
-    async def ask_confirm(request: gr.Request):
-        await access.require(request)
-        return gr.update(visible=True)
-
-    async def cancel(request: gr.Request):
-        await access.require(request)
-        return gr.update(visible=False), ""
-
     async def reset(request: gr.Request):
         user = await access.require(request)
         before = engine.residency.num_cached_blocks() if engine.residency else None
@@ -106,9 +95,8 @@ def build_cache_tab(console: Console):
         return gr.update(visible=False), t["reset_done"].format(blocks=before if before is not None else "?")
 
     timer.tick(refresh, None, outputs, api_visibility="private", show_progress="hidden")
-    reset_btn.click(ask_confirm, None, confirm_row, api_visibility="private")
-    cancel_btn.click(cancel, None, [confirm_row, reset_status], api_visibility="private")
-    confirm_btn.click(reset, None, [confirm_row, reset_status], api_name="reset_prefix_cache").then(
+    confirm.wire(access, reset_btn)
+    confirm.yes.click(reset, None, [confirm.row, confirm.status], api_name="reset_prefix_cache").then(
         refresh, None, outputs, api_visibility="private", show_progress="hidden")
     return refresh, outputs
 

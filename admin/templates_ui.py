@@ -11,11 +11,11 @@ from pathlib import Path
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import hazard_text, headers, refusal
-from app.console.markup import literal
-from app.console.preview import preview
-from app.console.templates import TemplateRow
+from admin.context import Console
+from admin.i18n import hazard_text, headers, refusal
+from admin.markup import literal
+from admin.preview import preview
+from admin.templates import TemplateRow
 from app.core.warmup import warm
 from app.db.templates import TemplateAdminError
 from app.template_files import TemplateFileError
@@ -193,7 +193,7 @@ def build_templates_tab(console: Console):
     async def export_files(request: gr.Request):
         await access.require(request)
         await asyncio.to_thread(console.exports.prune)
-        folder = console.exports.new_folder()  # removed after its time and at shutdown (app/console/exports.py)
+        folder = console.exports.new_folder()  # removed after its time and at shutdown (admin/exports.py)
         console.exports.expire_later()
         paths = []
         for file_name, content in await templates.export_files():

@@ -18,9 +18,10 @@ import time
 import gradio as gr
 import pandas as pd
 
-from app.console.context import Console
-from app.console.i18n import headers
-from app.console.markup import literal
+from admin.confirm import confirm_dialog
+from admin.context import Console
+from admin.i18n import headers
+from admin.markup import literal
 from app.core.demo import ABRounds, ColdWarm, SameQuestion, ab_rounds, cold_then_warm, demo_questions
 from app.core.warmup import warm_all
 from app.db import audit as db_audit
@@ -89,14 +90,6 @@ def build_demo_tab(console: Console):
             else:
                 yield _summary(result, t), _table(result, t), _points(result, t)
 
-    async def ask_reset(request: gr.Request):
-        await access.require(request)
-        return gr.update(visible=True)
-
-    async def cancel_reset(request: gr.Request):
-        await access.require(request)
-        return gr.update(visible=False), ""
-
     async def reset_and_warm(request: gr.Request):
         user = await access.require(request)
         engine = console.engine
@@ -140,20 +133,15 @@ def build_demo_tab(console: Console):
                           x_title=t["ab_request"], y_title=t["ab_ttft"], elem_id="ab-plot", height=320)
     gr.Markdown(t["rewarm_title"])
     reset_btn = gr.Button(t["rewarm"], variant="stop", size="sm", elem_id="demo-rewarm")
-    with gr.Row(visible=False) as confirm_row:
-        gr.Markdown(t["rewarm_confirm"])
-        confirm_btn = gr.Button(t["reset_yes"], variant="stop", size="sm", elem_id="demo-rewarm-confirm")
-        cancel_btn = gr.Button(t["cancel"], size="sm", elem_id="demo-rewarm-cancel")
-    rewarm_status = gr.Markdown(elem_id="demo-rewarm-status")
+    confirm = confirm_dialog(t, question=t["rewarm_confirm"], elem_id="demo-rewarm", status_id="demo-rewarm-status")
 
     template.input(on_template, template, [cold_question, warm_question], api_visibility="private")
     run_btn.click(run_cold_warm, [template, cold_question, warm_question], [headline, cold, warm],
                   api_name="cold_vs_warm", show_progress="hidden")
     ab_btn.click(run_ab, [template, rounds, per_round], [summary, table, plot], api_name="bench_ab",
                  show_progress="hidden")
-    reset_btn.click(ask_reset, None, confirm_row, api_visibility="private")
-    cancel_btn.click(cancel_reset, None, [confirm_row, rewarm_status], api_visibility="private")
-    confirm_btn.click(reset_and_warm, None, [confirm_row, rewarm_status], api_name="reset_and_rewarm",
+    confirm.wire(access, reset_btn)
+    confirm.yes.click(reset_and_warm, None, [confirm.row, confirm.status], api_name="reset_and_rewarm",
                       show_progress="hidden")
     return choices, [template, cold_question, warm_question]
 

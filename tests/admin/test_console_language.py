@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from app.console.i18n import TEXT
+from admin.i18n import TEXT
 from tests.helpers.browser import DESKTOP, PHONE, console_page, open_tab, screenshot
 from tests.helpers.servers import SecondServer, operator
 
@@ -100,7 +100,7 @@ def test_the_walk_finds_text_of_the_other_language():
 
 
 def test_a_stale_save_and_a_parents_delete_are_refused_in_the_consoles_language():
-    from app.console.i18n import refusal
+    from admin.i18n import refusal
     from app.db.templates import ParentHasChildren, StaleVersion
 
     stale, parent = StaleVersion("售后", 1, 2), ParentHasChildren("售后", ["售后-手机", "售后-家电"])
@@ -114,8 +114,8 @@ def test_a_stale_save_and_a_parents_delete_are_refused_in_the_consoles_language(
 
 
 def test_the_previews_warnings_speak_the_consoles_language():
-    from app.console.i18n import hazard_text
-    from app.console.preview import cache_hazards, hazards
+    from admin.i18n import hazard_text
+    from admin.preview import cache_hazards, hazards
 
     text = "Hello {customer_name}.\n今天的优惠"
     zh = [hazard_text(TEXT["zh"], h) for h in hazards(text)]
@@ -127,7 +127,7 @@ def test_the_previews_warnings_speak_the_consoles_language():
 
 def test_a_topics_title_and_questions_are_refused_in_the_consoles_language():
     from app import template_files
-    from app.console.i18n import refusal
+    from admin.i18n import refusal
     from app.db.templates import PresentationRefused
 
     def refused(title: str, questions: list[str]) -> PresentationRefused:

@@ -4,8 +4,8 @@ import uuid
 
 import pytest
 
-from app.console.preview import cache_hazards, preview
-from app.console.templates import TemplateTooLong
+from admin.preview import cache_hazards, preview
+from admin.templates import TemplateTooLong
 from app.core.prompts import system_text
 from app.db import templates as db_templates
 

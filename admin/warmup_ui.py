@@ -8,8 +8,8 @@ from datetime import datetime
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import headers
+from admin.context import Console
+from admin.i18n import headers
 from app.core.cache_tree import plural, template_label
 from app.core.cache_view import template_residency
 from app.core.routing import family_keys

@@ -1,6 +1,6 @@
 """Everything the console says, in English and Chinese (``PREFIXDESK_UI_LANGUAGE``).
 
-tests/console/test_admin_browser.py checks that both languages have the same keys and placeholders.
+tests/admin/test_admin_browser.py checks that both languages have the same keys and placeholders.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from app.db.templates import ParentHasChildren, PresentationRefused, StaleVersion
 
 if TYPE_CHECKING:
-    from app.console.preview import Hazard
+    from admin.preview import Hazard
 
 TEXT: dict[str, dict[str, str]] = {
     "en": {
@@ -26,14 +26,14 @@ TEXT: dict[str, dict[str, str]] = {
         "login_too_long": "Names and passwords have at most {n} characters.",
         "cross_origin": "Log in from this server's own login page.",
         "console_closed": "The console is closed: no operator account exists. Set PREFIXDESK_ADMIN_PASSWORD and "
-                          "restart, or run `python -m app.console create-user NAME`.",
+                          "restart, or run `python -m admin create-user NAME`.",
         "not_logged_in": "Not logged in: open /admin/login.",
         # header
         "title": "prefixdesk · operator console",
         "subtitle": "Templates, warmup and the prefix cache of the shared engine.",
         "logged_in_as": "Logged in as **{user}**",
         "logout": "Log out",
-        # the queue of customers waiting for a person, on every tab (app/console/queue_ui.py, static/queue.js)
+        # the queue of customers waiting for a person, on every tab (admin/queue_ui.py, static/queue.js)
         "queue_line": "⏳ **{n} customers wait for a person**, longest first: {items}",
         "queue_line_one": "⏳ **1 customer waits for a person**: {items}",
         "queue_item": "#{id} {wait}",
@@ -452,7 +452,7 @@ TEXT: dict[str, dict[str, str]] = {
         "login_too_long": "用户名和密码最多 {n} 个字符。",
         "cross_origin": "请从本服务器自己的登录页登录。",
         "console_closed": "控制台尚未开放：还没有运营账号。请设置 PREFIXDESK_ADMIN_PASSWORD 后重启，"
-                          "或运行 `python -m app.console create-user 用户名`。",
+                          "或运行 `python -m admin create-user 用户名`。",
         "not_logged_in": "未登录：请打开 /admin/login。",
         "title": "prefixdesk · 运营控制台",
         "subtitle": "共享引擎的模板、预热与前缀缓存。",
@@ -861,5 +861,5 @@ def refusal(language: str, exc: Exception) -> str | None:
 
 
 def hazard_text(t: dict[str, str], hazard: Hazard) -> str:
-    """A preview's warning (app/console/preview.py) in the language of ``t``, one of TEXT's tables."""
+    """A preview's warning (admin/preview.py) in the language of ``t``, one of TEXT's tables."""
     return t["hazard"].format(line=hazard.line, found=repr(hazard.found), why=t[f"hazard_{hazard.kind}"])

@@ -1,5 +1,5 @@
-"""Composes the process: settings → database → template catalog → engine → desk → one FastAPI app with
-the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
+"""The composition root, the only module that imports admin: settings → database → template catalog →
+engine → desk → one FastAPI app with the chat at /, the console at /admin and the OpenAI-compatible API at /v1.
 
 Start-up order matters: the database and templates are checked before the (slow) engine starts,
 and every template must fit the model's context, so a bad setting fails fast with its name. Until
@@ -49,7 +49,7 @@ from app.web.openai_api import build_openai_router
 if TYPE_CHECKING:
     import gradio as gr
 
-    from app.console.access import Clock
+    from admin.access import Clock
 
 log = logging.getLogger(__name__)
 
@@ -118,14 +118,14 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
     import gradio as gr
 
-    from app.console.access import ConsoleAccess
-    from app.console.context import build_console  # the web layer mounts the console here
-    from app.console.exports import ExportFiles
-    from app.console.login import ConsoleGate, build_login_router
-    from app.console.operators import sync_settings_operator
-    from app.console.queue_ui import console_js
-    from app.console.ui import CSS as CONSOLE_CSS
-    from app.console.ui import build_admin
+    from admin.access import ConsoleAccess
+    from admin.context import build_console  # the composition root mounts admin here
+    from admin.exports import ExportFiles
+    from admin.login import ConsoleGate, build_login_router
+    from admin.operators import sync_settings_operator
+    from admin.queue_ui import console_js
+    from admin.ui import CSS as CONSOLE_CSS
+    from admin.ui import build_admin
     from app.web.chat import CSS as CHAT_CSS
     from app.web.chat import build_chat, page_js
     from app.web.chat_text import model_label

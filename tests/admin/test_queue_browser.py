@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.console.i18n import TEXT
+from admin.i18n import TEXT
 from app.db import conversations as db_conversations
 from app.db.models import Conversation, utcnow
 from tests.helpers.browser import DESKTOP, assert_tidy, screenshot

@@ -8,8 +8,8 @@ import uuid
 import httpx
 import pytest
 
-from app.console.access import SESSION_COOKIE
-from app.console.i18n import TEXT as CONSOLE_TEXT
+from admin.access import SESSION_COOKIE
+from admin.i18n import TEXT as CONSOLE_TEXT
 from app.core.prompts import common_prefix_len, system_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
 from tests.helpers.browser import open_tab as open_console_tab
@@ -18,7 +18,7 @@ from tests.helpers.servers import SecondServer, full_blocks, operator
 OPERATOR = ("op-browser", "browser secret 42")
 TEXT = "\n".join(f"Policy {i}: parcels of size {i} ship within {i + 1} days." for i in range(10))
 EDITED = TEXT + "\nPolicy 10: oversized parcels ship on Mondays."
-# The tab ids of app/console/ui.py, in order.
+# The tab ids of admin/ui.py, in order.
 TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
 TAB_READY = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
              "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}

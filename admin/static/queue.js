@@ -1,5 +1,5 @@
 () => {
-  // The queue that calls (app/console/queue_ui.py): the count of customers waiting for a person in the tab's
+  // The queue that calls (admin/queue_ui.py): the count of customers waiting for a person in the tab's
   // title, and for each customer who starts waiting, while this operator has "Notify me" on, a short sound and
   // a browser notification (if the browser allows them). The choice is kept in this browser, per operator.
   const TEXT = /*PD_TEXT*/{};

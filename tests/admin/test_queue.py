@@ -1,11 +1,11 @@
 """The queue's header line and the JSON the page's script reads, in both languages (no browser: the chromium test
-is tests/console/test_queue_browser.py)."""
+is tests/admin/test_queue_browser.py)."""
 
 import json
 from datetime import datetime, timedelta
 
-from app.console.i18n import TEXT
-from app.console.queue_ui import console_js, queue_line, queue_payload
+from admin.i18n import TEXT
+from admin.queue_ui import console_js, queue_line, queue_payload
 from app.db.rows import PersonQueue
 
 NOW = datetime(2026, 12, 2, 8, 0, 0)

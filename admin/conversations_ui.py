@@ -3,7 +3,7 @@
 The list is a page of app/db/review.py's search (waiting for a person first, with how long); a row
 opens its transcript with every answer's numbers; an operator takes a waiting conversation, replies
 as a person and hands it back to the model (app/db/conversations.py audits each step). The selection
-exports as CSV or JSONL, streamed to a file that is kept ten minutes (app/console/exports.py). With transcripts hidden (an audited option) the list
+exports as CSV or JSONL, streamed to a file that is kept ten minutes (admin/exports.py). With transcripts hidden (an audited option) the list
 keeps its metadata, the transcript shows no text and exports leave it out.
 """
 
@@ -15,9 +15,9 @@ from datetime import datetime
 
 import gradio as gr
 
-from app.console.context import Console
-from app.console.i18n import headers
-from app.console.markup import literal
+from admin.context import Console
+from admin.i18n import headers
+from admin.markup import literal
 from app.core.cache_tree import plural
 from app.core.desk import MAX_MESSAGE_CHARS, clean_text
 from app.db import conversations as db_conversations
@@ -27,6 +27,7 @@ from app.db.models import utcnow
 from app.db.person_queue import Cap, QueueState
 from app.db.review import MAX_SEARCH_CHARS, ReviewInputError
 from app.db.rows import MessageRow, ReviewFilter, ReviewPage, ReviewRow, Transcript
+from app.db.states import Handoff
 
 PAGE_SIZE = 20
 HIDE = "hide_transcripts"
@@ -250,9 +251,9 @@ def queue_line(q: QueueState, t: dict) -> str:
 
 def who_answers(r: ReviewRow, t: dict, now: datetime) -> str:
     """How long a customer has waited for a person, or the operator who has the conversation."""
-    if r.handoff == "waiting" and r.handoff_requested_at is not None:
+    if r.handoff == Handoff.WAITING and r.handoff_requested_at is not None:
         return t["conv_waiting_for"].format(wait=waited(now - r.handoff_requested_at, t))
-    if r.handoff == "person":
+    if r.handoff == Handoff.PERSON:
         return t["conv_with"].format(operator=r.handoff_operator)
     return ""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.console.templates import PrefixMeter
+from admin.templates import PrefixMeter
 
 # (pattern, kind, why it hurts caching); checked in this order, one warning per distinct match. The console says
 # each kind in its own language (i18n "hazard_<kind>"); the English here is cache_hazards' own.
@@ -51,7 +51,7 @@ class Preview:
 
 def preview(*, meter: PrefixMeter, name: str, chain: tuple[str, ...]) -> Preview:
     """Render ``chain`` (ancestor texts, then this template's text) as the chat would send it."""
-    from app.console.templates import TemplateTooLong
+    from admin.templates import TemplateTooLong
 
     ids = meter.prefix_ids(chain)
     too_long = None

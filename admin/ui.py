@@ -1,6 +1,6 @@
 """The admin console at /admin: one Gradio Blocks composed of one module per tab.
 
-The gate of app/console/login.py keeps strangers from every route of this app; every handler checks the
+The gate of admin/login.py keeps strangers from every route of this app; every handler checks the
 caller again through ``console.access.require`` (a hidden component is not access control).
 """
 
@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import gradio as gr
 
-from app.console.cache_ui import CSS as CACHE_CSS
-from app.console.cache_ui import build_cache_tab
-from app.console.context import Console
-from app.console.conversations_ui import CSS as CONVERSATIONS_CSS
-from app.console.conversations_ui import build_conversations_tab
-from app.console.demo_ui import build_demo_tab
-from app.console.i18n import audit_word, headers
-from app.console.markup import literal
-from app.console.queue_ui import build_queue
-from app.console.templates_ui import build_templates_tab
-from app.console.versions_ui import build_versions_tab
-from app.console.warmup_ui import build_warmup_tab
+from admin.cache_ui import CSS as CACHE_CSS
+from admin.cache_ui import build_cache_tab
+from admin.context import Console
+from admin.conversations_ui import CSS as CONVERSATIONS_CSS
+from admin.conversations_ui import build_conversations_tab
+from admin.demo_ui import build_demo_tab
+from admin.i18n import audit_word, headers
+from admin.markup import literal
+from admin.queue_ui import build_queue
+from admin.templates_ui import build_templates_tab
+from admin.versions_ui import build_versions_tab
+from admin.warmup_ui import build_warmup_tab
 from app.db import audit as db_audit
 
 CSS = CACHE_CSS + CONVERSATIONS_CSS + """

@@ -2,7 +2,7 @@
 
 import pytest
 
-from app.console.passwords import hash_password, verify_password
+from admin.passwords import hash_password, verify_password
 from app.settings import SettingsError, load_settings
 
 

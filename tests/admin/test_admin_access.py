@@ -6,8 +6,8 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from app.console import operators
-from app.console.access import ConsoleAccess, LoginRefused, LoginThrottle
+from admin import operators
+from admin.access import ConsoleAccess, LoginRefused, LoginThrottle
 from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import operator
 
@@ -133,7 +133,7 @@ def test_the_chat_session_cannot_call_the_console(server_url):
 
 
 def test_a_free_hashing_slot_goes_to_the_address_that_failed_least(aio):
-    from app.console.access import FairHashing
+    from admin.access import FairHashing
 
     hashing = FairHashing(1)
     order: list[str] = []

@@ -1,6 +1,6 @@
 """Who may use the console: logins, sessions, throttling, and the check every handler makes.
 
-The console has its own login (app/console/login.py serves the page). A login that succeeds gets a random
+The console has its own login (admin/login.py serves the page). A login that succeeds gets a random
 token in one HttpOnly, SameSite=Strict cookie; the database keeps only its SHA-256 with the
 operator and an expiry, so sessions work across web processes and survive restarts, and logging
 out, disabling the operator or the TTL ends them everywhere. Every console handler calls
@@ -40,7 +40,7 @@ from datetime import datetime, timedelta
 
 import gradio as gr
 
-from app.console.passwords import verify_password
+from admin.passwords import verify_password
 from app.db import Database
 from app.db import operators as db_operators
 from app.db.models import utcnow

@@ -15,8 +15,8 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from app.console.access import DEVICE_COOKIE, DEVICE_TTL_S, SESSION_COOKIE, ConsoleAccess, LoginRefused
-from app.console.i18n import TEXT
+from admin.access import DEVICE_COOKIE, DEVICE_TTL_S, SESSION_COOKIE, ConsoleAccess, LoginRefused
+from admin.i18n import TEXT
 from app.core.callers import ProxyTrust, TenantRefused
 
 PREFIX = "/admin"

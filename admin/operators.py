@@ -1,8 +1,8 @@
-"""Operator accounts: created from the settings or ``python -m app.console``, stored as scrypt hashes."""
+"""Operator accounts: created from the settings or ``python -m admin``, stored as scrypt hashes."""
 
 from __future__ import annotations
 
-from app.console.passwords import hash_password, verify_password
+from admin.passwords import hash_password, verify_password
 from app.db import Database
 from app.db import operators as db_operators
 from app.db.rows import OperatorRow
