@@ -118,11 +118,14 @@
     const b = e.target.closest && e.target.closest('#message textarea');
     if (b && b.value.length < b.maxLength) pasteCut(false);
   }, true);
-  // Copy gives what the customer reads: Gradio copies a message's value, which for an answer is the HTML made from
-  // its Markdown (app/web/render.py) and for other messages text with < > & escaped. (Without the clipboard API,
-  // on a page not served over https, Gradio copies through a textarea of its own: the HTML.) The value is read as HTML
-  // in an inert document (DOMParser: nothing loads or runs) and written as lines of text: paragraphs, list items
-  // ("- ", "1. "), code and quotes on lines of their own.
+  // Copy gives the answer as the customer reads it, and only the answer. Gradio's copy button sits under a group (the
+  // messages of one turn) and copies all of it: each message's value on a line of its own, a captioned one as
+  // "title\n  details" — so an answer's copy carried its caption. An answer's value is the HTML made from its
+  // Markdown (app/web/render.py), one <div class="pd-md"> each; what lies outside those (the caption, written
+  // after it) is no part of the answer. (Without the clipboard API, on a page not served over https, Gradio copies
+  // through a textarea of its own: the copy event below.) The value is read as HTML in an inert document (DOMParser:
+  // nothing loads or runs) and each answer written as lines of text: paragraphs, list items ("- ", "1. "), code and
+  // quotes on lines of their own.
   const plain = (value) => {
     const doc = new DOMParser().parseFromString(String(value), 'text/html');
     const walker = doc.createTreeWalker(doc.body, NodeFilter.SHOW_TEXT), gaps = [];
@@ -142,13 +145,20 @@
     for (const block of doc.querySelectorAll('p, pre, blockquote, h1, h2, h3, h4, h5, h6, hr, ol, ul, div')) {
       block.append('\n\n');
     }
-    return doc.body.textContent.replace(/\n{3,}/g, '\n\n').trim();
+    return [...doc.querySelectorAll('.pd-md')].map((answer) => answer.textContent.replace(/\n{3,}/g, '\n\n').trim())
+      .join('\n\n');
   };
+  const ANSWER = 'class="pd-md';
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
-    navigator.clipboard.writeText = (value) =>
-      write(String(value).includes('class="pd-md') ? plain(value) : value);
+    navigator.clipboard.writeText = (value) => write(String(value).includes(ANSWER) ? plain(value) : value);
   }
+  document.addEventListener('copy', (e) => {  // Gradio's own textarea, selected and copied (no clipboard API)
+    const area = e.target;
+    if (!(area instanceof HTMLTextAreaElement) || area.parentElement !== document.body || !area.value.includes(ANSWER)) return;
+    e.clipboardData.setData('text/plain', plain(area.value));
+    e.preventDefault();
+  }, true);
   // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
   const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
