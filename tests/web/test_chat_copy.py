@@ -9,7 +9,7 @@ from tests.helpers.chat_page import ask, caption, conversation, faults, open_cha
 
 REPLY = "Your parcel ships **today**.\n\n- track it under *Orders*\n- or write to us"
 REPLY_COPIED = "Your parcel ships today.\n\n- track it under Orders\n- or write to us"
-COPY = "#chatbot button[aria-label='Copy message']"
+COPY = "#chatbot button[aria-label='复制']"
 # The clipboard API gone, as on a page served over plain http from another host: Gradio then copies through a
 # textarea of its own (document.execCommand). The test keeps the API to read what was copied.
 NO_CLIPBOARD_API = """

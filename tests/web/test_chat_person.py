@@ -27,8 +27,8 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     question = f"七天无理由退货怎么算？{tag()}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     answer = conversation(db, question)[1]
-    assert page.locator("#chatbot button[aria-label='Copy message']").count() == 2  # the question's, the answer's
-    page.locator("#chatbot button[aria-label='Dislike']").first.click()
+    assert page.locator("#chatbot button[aria-label='复制']").count() == 2  # the question's, the answer's
+    page.locator("#chatbot button[aria-label='没帮助']").first.click()
     page.locator("#pd-reason").wait_for(state="visible", timeout=30_000)
     rating = wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]), None), 30,
                         "the thumbs to be stored")
@@ -41,7 +41,7 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     page.locator("#pd-reason").wait_for(state="hidden", timeout=30_000)
     assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 30,
                       "the reason") == "没有回答我的问题"
-    page.locator("#chatbot button[aria-label='Like']").first.click()  # rating again replaces it
+    page.locator("#chatbot button[aria-label='有帮助']").first.click()  # rating again replaces it
     wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 30,
                "the thumbs up")
     assert db["ratings"].count_where("message_id = ?", [answer["id"]]) == 1
