@@ -465,9 +465,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown = list(shown or []) + replies + ([] if handoff else [_notice(t["released"], t)])
         return shown, shown, max((m.id for m in new), default=after), gr.Timer(active=bool(handoff))
 
-    @_calm(3)
+    @_calm(4)
     async def rated(data: gr.LikeData, shown: list, session_key: str, request: gr.Request):
-        """(reason row, rating for, reason box): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional reason."""
+        """(reason row, rating for, reason box, thanks): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional
+        reason (and an earlier reason's thanks goes)."""
         key = keys.browser(session_key)
         shown = shown or []
         index = data.index if type(data.index) is int else -1
@@ -479,24 +480,26 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             group.append(message)
         message_id = next((ref for m in reversed(group) if (ref := _answer_id(m)) is not None), None)
         if key is None or message_id is None or data.liked not in (True, False):
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         thumbs = 1 if data.liked else -1
         try:
             client = caller_of(request).address
         except TenantRefused:
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs, client=client):
-            return gr.skip(), gr.skip(), gr.skip()
-        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, ""
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, "", gr.Markdown(visible=False)
 
-    @_calm(3)
+    @_calm(4)
     async def send_reason(reason: Any, rating_for: Any, session_key: str, request: gr.Request):
+        """(reason row, rating for, reason box, thanks): the 👎's reason kept, and the customer thanked for it."""
         key = keys.browser(session_key)
+        kept = False
         if key is not None and type(rating_for) is int and isinstance(reason, str) and len(reason) <= 500:
             with contextlib.suppress(TenantRefused):
-                await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason,
-                                client=caller_of(request).address)
-        return gr.Row(visible=False), None, ""
+                kept = await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason,
+                                       client=caller_of(request).address)
+        return gr.Row(visible=False), None, "", gr.Markdown(visible=bool(kept))
 
     @_calm(2)
     async def rename(title: Any, conversation_id: Any, session_key: str):
@@ -595,6 +598,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             reason = gr.Textbox(placeholder=t["reason"], show_label=False, container=False, max_length=500, scale=8)
             reason_btn = gr.Button(t["rate_send"], elem_id="reason-send", scale=1, min_width=72, size="sm")
         rating_for = gr.State(None)  # the answer the reason is for
+        thanks = gr.Markdown(t["rated"], visible=False, elem_id="pd-thanks")  # once a reason is kept
         with gr.Row(elem_id="pd-actions"):
             person_btn = gr.Button(t["person_button"], elem_id="person", size="sm", variant="secondary", scale=0,
                                    min_width=96)
@@ -638,10 +642,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                        **private)
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
                             [chatbot, shown], queue=False, **private)
-        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason], queue=False, **private)
+        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason, thanks], queue=False, **private)
         for asked_reason in (reason.submit, reason_btn.click):
-            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason], queue=False,
-                         **private)
+            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason, thanks],
+                         queue=False, **private)
         person_btn.click(ask_person, [conversation_id, session_key, shown], [chatbot, shown, person_timer, seen],
                          queue=False, **private)
         person_timer.tick(poll, [conversation_id, session_key, shown, seen], [chatbot, shown, seen, person_timer],

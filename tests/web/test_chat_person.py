@@ -37,13 +37,19 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     page.locator("#pd-reason textarea").fill("没有回答我的问题")
     assert_tidy(page)
     screenshot(page, "chat-thumbs-reason")
+    thanks = page.locator("#pd-thanks")
+    assert not thanks.is_visible()
     page.locator("#reason-send").click()
     page.locator("#pd-reason").wait_for(state="hidden", timeout=30_000)
+    thanks.wait_for(state="visible", timeout=30_000)  # the customer is thanked for the reason
+    assert thanks.inner_text().strip() == "谢谢您的反馈！"
     assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 30,
                       "the reason") == "没有回答我的问题"
+    assert_tidy(page)
     page.locator("#chatbot button[aria-label='有帮助']").first.click()  # rating again replaces it
     wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 30,
                "the thumbs up")
+    thanks.wait_for(state="hidden", timeout=30_000)  # a new rating takes the old thanks away
     assert db["ratings"].count_where("message_id = ?", [answer["id"]]) == 1
     assert faults(page) == []
     page.close()
