@@ -164,7 +164,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     def with_handoff(messages: list[dict], now: ConversationRow) -> list[dict]:
         if now.handoff:
-            messages = messages + [_notice(t["waiting_person" if now.handoff == "waiting" else "with_person"], t)]
+            messages = _one_person_notice(
+                messages + [_notice(t["waiting_person" if now.handoff == "waiting" else "with_person"], t)], t)
         return messages
 
     @_calm(8)
@@ -443,7 +444,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if not asked and not handoff:
             return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
         seen = max((_answer_id(m) or 0 for m in shown), default=0)
-        shown = shown + [_notice(t["waiting_person" if handoff == "waiting" else "with_person"], t)]
+        shown = _one_person_notice(shown + [_notice(t["waiting_person" if handoff == "waiting" else "with_person"], t)],
+                                   t)
         return shown, shown, gr.Timer(active=True), seen
 
     @_calm(4)
@@ -773,7 +775,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
                 answer = _answer_messages(event.customer, t, language)
             if event.person_refused:  # the answer asked for a person and the queue's caps refused
                 answer = answer + [_notice(refusal_text(event.person_refused, {}, language), t)]
-            messages = shown + answer
+            messages = _one_person_notice(shown + answer, t)
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 
 
@@ -800,6 +802,23 @@ def _message(role: str, text: str, title: str | None = None, ref: int | None = N
 def _notice(text: str, t: dict) -> dict:
     """A notice is shown as it is, never folded under a title."""
     return _message("assistant", t["notice"] + text, markdown=False)
+
+
+def _one_person_notice(messages: list[dict], t: dict) -> list[dict]:
+    """``messages`` with one notice that a person has (or is coming to) the conversation where several followed each
+    other with only the customer's messages between them — each message sent to a person is answered by one: the
+    last stays, saying how it stands now, under the customer's last message."""
+    person = (_notice(t["waiting_person"], t), _notice(t["with_person"], t))
+    out: list[dict] = []
+    for message in messages:
+        if message in person:
+            before = len(out) - 1
+            while before >= 0 and isinstance(out[before], dict) and out[before].get("role") == "user":
+                before -= 1
+            if before >= 0 and out[before] in person:
+                del out[before]
+        out.append(message)
+    return out
 
 
 def _feedback(messages: list[dict], rows: list[MessageRow]) -> list[str | None]:
@@ -862,7 +881,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
             out.append(_message("user", m.text))
         elif m.status != "generating":
             out.extend(_answer_messages(m, t, language))
-    return out
+    return _one_person_notice(out, t)
 
 
 async def _conversation_choices(desk: Desk, session_key: str, t: dict, current: int | None = None):

@@ -22,7 +22,8 @@
     const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
     const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
     delete state.byAnswer[index]; delete state.reported[index];
-    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : '', bots: botCount()};
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : '', bots: botCount(),
+                     users: document.querySelectorAll('#chatbot [data-testid=user]').length};
   };
   const report = (ms) => {
     const box = document.querySelector('#pd-glyph-report textarea');
@@ -193,8 +194,14 @@
       const group = groups[p.index], bot = lastBot();
       const answered = group && captioned(group) && (!p.retry || p.fresh);
       // A notice ends it too (a refusal, a person's conversation): a new one, even when it says what the last
-      // one said (a second break-off, a second message while a person has the conversation).
-      const refused = (bot !== p.bot || botCount() !== p.bots) && bot.startsWith(TEXT.notice.trim());
+      // one said (a second break-off), and the one notice that a person has the conversation once it has moved
+      // under the message just sent (the server shows one, under the customer's last message: chat.py).
+      const said = [...document.querySelectorAll('#chatbot [data-testid=user], #chatbot [data-testid=bot]')];
+      const lastSaid = said[said.length - 1];
+      const asked = document.querySelectorAll('#chatbot [data-testid=user]').length > p.users;
+      const noticed = bot.startsWith(TEXT.notice.trim());
+      const refused = noticed && ((bot !== p.bot || botCount() !== p.bots)
+                                  || (asked && !!lastSaid && lastSaid.dataset.testid === 'bot'));
       if (answered || refused) p.done = true;
     }
     const streaming = !!p && !p.done;
