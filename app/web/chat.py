@@ -31,6 +31,7 @@ import logging
 import html
 import inspect
 import json
+import re
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -761,7 +762,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
             conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
-            yield (base + [_message("assistant", shown_answer(event.text), streaming=True)], gr.skip(), conversation_id,
+            yield (base + [_message("assistant", whole_clusters(shown_answer(event.text)), streaming=True)], gr.skip(),
+                   conversation_id,
                    session_key,
                    gr.skip())
         elif isinstance(event, Finished):
@@ -848,6 +850,32 @@ def shown_answer(text: str) -> str:
     for marker in PERSON_MARKERS:
         text = text.replace(marker, "")
     return text
+
+
+ZWJ = "\u200d"
+# What may follow a character within its grapheme cluster: variation selectors, skin tones, emoji tags, combining marks.
+_EXTEND = re.compile("[\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f\u0300-\u036f\u20d0-\u20ff]")
+_REGIONAL = re.compile("[\U0001f1e6-\U0001f1ff]+$")
+
+
+def whole_clusters(text: str) -> str:
+    """An answer still being written, up to its last whole grapheme cluster. The engine's text may end inside one
+    whose rest comes with the next update: an emoji sequence a zero-width joiner goes on with (👩 ZWJ, then 💻 of
+    👩‍💻), or one letter of a flag's pair (🇨 of 🇨🇳), drawn as pieces until then. Such an end is held back to the next
+    update (the stored answer is shown whole)."""
+    end = len(text)
+    if end and text[end - 1] == ZWJ:  # the whole joined sequence waits: each "<cluster> ZWJ" back to its first
+        while True:
+            end -= 1  # the joiner
+            while end and _EXTEND.fullmatch(text[end - 1]):
+                end -= 1
+            end = max(end - 1, 0)  # the cluster's first character
+            if not (end and text[end - 1] == ZWJ):
+                break
+    flags = _REGIONAL.search(text[:end])
+    if flags and len(flags.group()) % 2:
+        end -= 1
+    return text[:end]
 
 
 def when(m: MessageRow) -> str:
