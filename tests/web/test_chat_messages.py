@@ -4,6 +4,7 @@ answer's Markdown as HTML: app/web/render.py), or the page would show something 
 
 import asyncio
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
@@ -66,5 +67,7 @@ def test_a_streaming_answer_never_ends_inside_a_grapheme_cluster():
         return [update[0][-1]["content"][0]["text"] async for update in
                 _stream(events(), [], None, "key", TEXT["zh"], "zh", lambda: 0.0)]
 
-    shown = asyncio.run(updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"]))
+    # On a thread of its own: a browser test earlier in the session may have left its loop on this one.
+    with ThreadPoolExecutor(1) as pool:
+        shown = pool.submit(asyncio.run, updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"])).result()
     assert shown == [streaming_html("写代码的人"), streaming_html("写代码的人👩\u200d💻")]
