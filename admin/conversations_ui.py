@@ -41,6 +41,12 @@ CSS = """
 .pd-msg .pd-text { white-space: pre-wrap; word-break: break-word; }
 .pd-msg .pd-stats { font-size: 12px; color: var(--body-text-color-subdued); font-variant-numeric: tabular-nums; }
 .pd-msg.hidden .pd-text { font-style: italic; color: var(--body-text-color-subdued); }
+/* The list is read, not edited: a click opens the row's conversation, so the cell it lands on shows none of
+   Gradio's editing marks (the selected cell's frame, its select-row and -column arrows, its menu). A header keeps to
+   one line (on a phone the table scrolls sideways; "编号" broke into 编 / 号). */
+#conv-table .cell-selected { box-shadow: none !important; }
+#conv-table .selection-button, #conv-table .body-cell .cell-menu-button { display: none !important; }
+#conv-table th .header { white-space: nowrap; word-break: keep-all; }
 """
 
 

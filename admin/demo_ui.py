@@ -20,7 +20,7 @@ import pandas as pd
 
 from admin.confirm import confirm_dialog
 from admin.context import Console
-from admin.i18n import headers
+from admin.i18n import duration, headers
 from admin.markup import literal
 from app.core.demo import ABRounds, ColdWarm, SameQuestion, ab_rounds, cold_then_warm, demo_questions
 from app.core.warmup import warm_all
@@ -107,7 +107,7 @@ def build_demo_tab(console: Console):
             done.append(r)
             yield gr.skip(), t["rewarm_progress"].format(n=len(done))
         yield gr.skip(), t["rewarm_done"].format(blocks=before if before is not None else "?", n=len(done),
-                                                 ms=f"{sum(r.elapsed_ms for r in done):.0f}")
+                                                 time=duration(t, sum(r.elapsed_ms for r in done)))
 
     gr.Markdown(t["demo_help"])
     with gr.Row():
@@ -149,7 +149,7 @@ def build_demo_tab(console: Console):
 def _cold_warm(r: ColdWarm, t: dict) -> tuple[str, str, str]:
     def result(asked, reused: str) -> str:
         s = asked.stats
-        line = t["demo_ttft"].format(ms=f"{s.ttft_ms:.0f}", cached=s.num_cached_tokens, prompt=s.prompt_tokens)
+        line = t["demo_ttft"].format(time=duration(t, s.ttft_ms), cached=s.num_cached_tokens, prompt=s.prompt_tokens)
         return f"{line}\n\n{reused}\n\n> {literal(asked.question)}\n\n{literal(asked.text)}"
 
     cold = f"#### {t['demo_cold']}\n{result(r.cold, t['demo_cold_note'])}"
@@ -160,8 +160,8 @@ def _cold_warm(r: ColdWarm, t: dict) -> tuple[str, str, str]:
     if r.shared_blocks != r.prefix_blocks:  # the chat's user header spilled into one more shared block
         note = t["demo_warm_note_header"].format(blocks=r.shared_blocks, tokens=r.shared_blocks * size, size=size,
                                                  prefix=r.prefix_blocks)
-    headline = t["demo_speedup"].format(x=f"{r.speedup:.1f}", cold=f"{r.cold.stats.ttft_ms:.0f}",
-                                        warm=f"{r.warm.stats.ttft_ms:.0f}")
+    headline = t["demo_speedup"].format(x=f"{r.speedup:.1f}", cold=duration(t, r.cold.stats.ttft_ms),
+                                        warm=duration(t, r.warm.stats.ttft_ms))
     return headline, cold, f"#### {t['demo_warm']}\n{result(r.warm, note)}"
 
 

@@ -200,8 +200,10 @@ TEXT: dict[str, dict[str, str]] = {
         "demo_run": "Cold vs warm",
         "demo_cold": "Cold: the whole prompt computed",
         "demo_warm": "Warm: the template from the cache",
-        "demo_ttft": "first token after **{ms} ms** · **{cached}** of {prompt} prompt tokens from the cache",
-        "demo_speedup": "### The cached prefix answered {x}× faster ({cold} ms → {warm} ms)",
+        "demo_ttft": "first token after **{time}** · **{cached}** of {prompt} prompt tokens from the cache",
+        "time_ms": "{ms} ms",
+        "time_s": "{s} s",
+        "demo_speedup": "### The cached prefix answered {x}× faster ({cold} → {warm})",
         "ab_title": "### A/B: median of several rounds",
         "ab_rounds": "Rounds",
         "ab_per_round": "Requests per arm and round",
@@ -290,7 +292,7 @@ TEXT: dict[str, dict[str, str]] = {
         "rewarm": "Reset and re-warm…",
         "rewarm_confirm": "Drop every cached block and warm every published template again?",
         "rewarm_progress": "Prefix cache reset; warming the templates… ({n} done)",
-        "rewarm_done": "Prefix cache reset ({blocks} cached blocks dropped); {n} templates warmed again in {ms} ms.",
+        "rewarm_done": "Prefix cache reset ({blocks} cached blocks dropped); {n} templates warmed again in {time}.",
         # conversations
         "conv_help": "What customers asked and how each answer went. Conversations waiting for a person come first. "
                      "Click a row (or type its number) to open it.",
@@ -609,8 +611,10 @@ TEXT: dict[str, dict[str, str]] = {
         "demo_run": "冷热对比",
         "demo_cold": "冷：整段提示词全部计算",
         "demo_warm": "热：模板来自缓存",
-        "demo_ttft": "**{ms} ms** 后出首 token · 提示 {prompt} 个 token 中 **{cached}** 个来自缓存",
-        "demo_speedup": "### 缓存前缀让首 token 快了 {x} 倍（{cold} ms → {warm} ms）",
+        "demo_ttft": "**{time}** 后出首 token · 提示 {prompt} 个 token 中 **{cached}** 个来自缓存",
+        "time_ms": "{ms} 毫秒",
+        "time_s": "{s} 秒",
+        "demo_speedup": "### 缓存前缀让首 token 快了 {x} 倍（{cold} → {warm}）",
         "ab_title": "### A/B：多轮取中位数",
         "ab_rounds": "轮数",
         "ab_per_round": "每轮每组请求数",
@@ -691,7 +695,7 @@ TEXT: dict[str, dict[str, str]] = {
         "rewarm": "重置并重新预热…",
         "rewarm_confirm": "丢弃全部已缓存的块，并重新预热每个已发布模板？",
         "rewarm_progress": "前缀缓存已重置，正在预热模板…（已完成 {n} 个）",
-        "rewarm_done": "前缀缓存已重置（丢弃 {blocks} 个已缓存的块）；{n} 个模板已重新预热，用时 {ms} ms。",
+        "rewarm_done": "前缀缓存已重置（丢弃 {blocks} 个已缓存的块）；{n} 个模板已重新预热，用时 {time}。",
         "conv_help": "顾客问了什么、每个回答效果如何。等待人工的对话排在最前。点击一行（或输入编号）即可打开。",
         "conv_search": "文本（消息或标题中）",
         "conv_template": "模板",
@@ -838,6 +842,14 @@ TEXT: dict[str, dict[str, str]] = {
 def headers(language: str, key: str) -> list[str]:
     """A table's column names (stored as one ``a|b|c`` string per language)."""
     return TEXT[language][key].split("|")
+
+
+def duration(t: dict[str, str], ms: float) -> str:
+    """A time as an operator reads it, in the console's words (``t``): whole milliseconds under a second ("820 ms"),
+    else seconds with one decimal ("65.2 s", not "65165 ms")."""
+    if round(ms) < 1000:
+        return t["time_ms"].format(ms=f"{ms:.0f}")
+    return t["time_s"].format(s=f"{ms / 1000:.1f}")
 
 
 def audit_word(language: str, kind: str, value: str) -> str:

@@ -168,11 +168,9 @@ class Templates:
     def _diff(self, name, version_a, version_b, text_a, chain_a, text_b, chain_b) -> VersionDiff:
         ids_a, ids_b = self.meter.prefix_ids(chain_a), self.meter.prefix_ids(chain_b)
         common = common_prefix_len(ids_a, ids_b)
-        text_diff = "".join(difflib.unified_diff(
-            text_a.splitlines(keepends=True), text_b.splitlines(keepends=True),
-            fromfile=f"{name} v{version_a}", tofile=f"{name} v{version_b}", lineterm="\n"))
         size = self.meter.block_size
-        return VersionDiff(text_diff=_terminated(text_diff), first_diff_token=None if ids_a == ids_b else common,
+        return VersionDiff(text_diff=text_diff(name, version_a, version_b, text_a, text_b),
+                           first_diff_token=None if ids_a == ids_b else common,
                            num_tokens_a=len(ids_a), num_tokens_b=len(ids_b), shared_blocks=common // size,
                            num_blocks_a=len(ids_a) // size, num_blocks_b=len(ids_b) // size)
 
@@ -182,7 +180,10 @@ class Templates:
         return result
 
 
-def _terminated(diff: str) -> str:
-    """A unified diff whose every line ends in a newline: a version without a final newline would
-    glue its last removed line to the first added one."""
-    return "".join(line if line.endswith("\n") else line + "\n" for line in diff.splitlines(keepends=True))
+def text_diff(name: str, version_a: int, version_b: int, text_a: str, text_b: str) -> str:
+    """The unified diff of two versions' texts, each of its lines ending in a newline: difflib leaves a version's
+    last line without one when its text has none, and joined as it comes that line ran on into the next
+    ("-old+new" on one line)."""
+    lines = difflib.unified_diff(text_a.splitlines(keepends=True), text_b.splitlines(keepends=True),
+                                 fromfile=f"{name} v{version_a}", tofile=f"{name} v{version_b}", lineterm="\n")
+    return "".join(line if line.endswith("\n") else line + "\n" for line in lines)

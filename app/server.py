@@ -128,7 +128,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     from admin.ui import build_admin
     from app.web.chat import CSS as CHAT_CSS
     from app.web.chat import build_chat, page_js
-    from app.web.chat_text import model_label
+    from app.web.chat_text import gradio_words, model_label
     from app.web.gradio_state import keep_no_snapshots
     from app.web.sessions import SessionGuard
 
@@ -169,8 +169,10 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CHAT_PROGRESS_POLL_S)
+    # Gradio's own words on the page (its buttons' labels) in the page's language, whatever the browser's.
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=page_js(settings.ui_language), max_file_size="1kb",
-                        blocked_paths=[*_blocked_paths(settings), str(console_files)], **mount)
+                        blocked_paths=[*_blocked_paths(settings), str(console_files)],
+                        i18n=gr.I18n(**gradio_words(settings.ui_language)), **mount)
     keep_no_snapshots(app, blocks)
     keep_no_snapshots(app, chat)
     for mounted in (blocks, chat):

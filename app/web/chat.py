@@ -31,6 +31,7 @@ import logging
 import html
 import inspect
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -162,7 +163,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
 
     def with_handoff(messages: list[dict], now: ConversationRow) -> list[dict]:
         if now.handoff:
-            messages = messages + [_notice(t["waiting_person" if now.handoff == Handoff.WAITING else "with_person"], t)]
+            messages = _one_person_notice(
+                messages + [_notice(t["waiting_person" if now.handoff == Handoff.WAITING else "with_person"], t)], t)
         return messages
 
     @_calm(8)
@@ -441,7 +443,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         if not asked and not handoff:
             return shown + [_notice(t["refusals"]["no_conversation"], t)], gr.skip(), gr.skip(), gr.skip()
         seen = max((_answer_id(m) or 0 for m in shown), default=0)
-        shown = shown + [_notice(t["waiting_person" if handoff == Handoff.WAITING else "with_person"], t)]
+        shown = _one_person_notice(
+            shown + [_notice(t["waiting_person" if handoff == Handoff.WAITING else "with_person"], t)], t)
         return shown, shown, gr.Timer(active=True), seen
 
     @_calm(4)
@@ -463,9 +466,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         shown = list(shown or []) + replies + ([] if handoff else [_notice(t["released"], t)])
         return shown, shown, max((m.id for m in new), default=after), gr.Timer(active=bool(handoff))
 
-    @_calm(3)
+    @_calm(4)
     async def rated(data: gr.LikeData, shown: list, session_key: str, request: gr.Request):
-        """(reason row, rating for, reason box): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional reason."""
+        """(reason row, rating for, reason box, thanks): 👍 or 👎 on an answer, kept at once; 👎 asks for an optional
+        reason (and an earlier reason's thanks goes)."""
         key = keys.browser(session_key)
         shown = shown or []
         index = data.index if type(data.index) is int else -1
@@ -477,24 +481,26 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             group.append(message)
         message_id = next((ref for m in reversed(group) if (ref := _answer_id(m)) is not None), None)
         if key is None or message_id is None or data.liked not in (True, False):
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         thumbs = 1 if data.liked else -1
         try:
             client = caller_of(request).address
         except TenantRefused:
-            return gr.skip(), gr.skip(), gr.skip()
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
         if not await desk.rate(session_key=key, message_id=message_id, thumbs=thumbs, client=client):
-            return gr.skip(), gr.skip(), gr.skip()
-        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, ""
+            return gr.skip(), gr.skip(), gr.skip(), gr.skip()
+        return gr.Row(visible=thumbs < 0), message_id if thumbs < 0 else None, "", gr.Markdown(visible=False)
 
-    @_calm(3)
+    @_calm(4)
     async def send_reason(reason: Any, rating_for: Any, session_key: str, request: gr.Request):
+        """(reason row, rating for, reason box, thanks): the 👎's reason kept, and the customer thanked for it."""
         key = keys.browser(session_key)
+        kept = False
         if key is not None and type(rating_for) is int and isinstance(reason, str) and len(reason) <= 500:
             with contextlib.suppress(TenantRefused):
-                await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason,
-                                client=caller_of(request).address)
-        return gr.Row(visible=False), None, ""
+                kept = await desk.rate(session_key=key, message_id=rating_for, thumbs=-1, reason=reason,
+                                       client=caller_of(request).address)
+        return gr.Row(visible=False), None, "", gr.Markdown(visible=bool(kept))
 
     @_calm(2)
     async def rename(title: Any, conversation_id: Any, session_key: str):
@@ -593,6 +599,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
             reason = gr.Textbox(placeholder=t["reason"], show_label=False, container=False, max_length=500, scale=8)
             reason_btn = gr.Button(t["rate_send"], elem_id="reason-send", scale=1, min_width=72, size="sm")
         rating_for = gr.State(None)  # the answer the reason is for
+        thanks = gr.Markdown(t["rated"], visible=False, elem_id="pd-thanks")  # once a reason is kept
         with gr.Row(elem_id="pd-actions"):
             person_btn = gr.Button(t["person_button"], elem_id="person", size="sm", variant="secondary", scale=0,
                                    min_width=96)
@@ -636,10 +643,10 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                        **private)
         first_visible_btn.click(report_first_visible, [first_visible, conversation_id, session_key, shown],
                             [chatbot, shown], queue=False, **private)
-        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason], queue=False, **private)
+        chatbot.like(rated, [shown, session_key], [reason_row, rating_for, reason, thanks], queue=False, **private)
         for asked_reason in (reason.submit, reason_btn.click):
-            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason], queue=False,
-                         **private)
+            asked_reason(send_reason, [reason, rating_for, session_key], [reason_row, rating_for, reason, thanks],
+                         queue=False, **private)
         person_btn.click(ask_person, [conversation_id, session_key, shown], [chatbot, shown, person_timer, seen],
                          queue=False, **private)
         person_timer.tick(poll, [conversation_id, session_key, shown, seen], [chatbot, shown, seen, person_timer],
@@ -753,7 +760,8 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
             conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
-            yield (base + [_message("assistant", shown_answer(event.text), streaming=True)], gr.skip(), conversation_id,
+            yield (base + [_message("assistant", whole_clusters(shown_answer(event.text)), streaming=True)], gr.skip(),
+                   conversation_id,
                    session_key,
                    gr.skip())
         elif isinstance(event, Finished):
@@ -767,7 +775,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
                 answer = _answer_messages(event.customer, t, language)
             if event.person_refused:  # the answer asked for a person and the queue's caps refused
                 answer = answer + [_notice(refusal_text(event.person_refused, {}, language), t)]
-            messages = shown + answer
+            messages = _one_person_notice(shown + answer, t)
             yield messages, messages, event.message.conversation_id, session_key, gr.skip()
 
 
@@ -794,6 +802,23 @@ def _message(role: str, text: str, title: str | None = None, ref: int | None = N
 def _notice(text: str, t: dict) -> dict:
     """A notice is shown as it is, never folded under a title."""
     return _message("assistant", t["notice"] + text, markdown=False)
+
+
+def _one_person_notice(messages: list[dict], t: dict) -> list[dict]:
+    """``messages`` with one notice that a person has (or is coming to) the conversation where several followed each
+    other with only the customer's messages between them — each message sent to a person is answered by one: the
+    last stays, saying how it stands now, under the customer's last message."""
+    person = (_notice(t["waiting_person"], t), _notice(t["with_person"], t))
+    out: list[dict] = []
+    for message in messages:
+        if message in person:
+            before = len(out) - 1
+            while before >= 0 and isinstance(out[before], dict) and out[before].get("role") == "user":
+                before -= 1
+            if before >= 0 and out[before] in person:
+                del out[before]
+        out.append(message)
+    return out
 
 
 def _feedback(messages: list[dict], rows: list[MessageRow]) -> list[str | None]:
@@ -823,6 +848,32 @@ def shown_answer(text: str) -> str:
     for marker in PERSON_MARKERS:
         text = text.replace(marker, "")
     return text
+
+
+ZWJ = "\u200d"
+# What may follow a character within its grapheme cluster: variation selectors, skin tones, emoji tags, combining marks.
+_EXTEND = re.compile("[\ufe00-\ufe0f\U0001f3fb-\U0001f3ff\U000e0020-\U000e007f\u0300-\u036f\u20d0-\u20ff]")
+_REGIONAL = re.compile("[\U0001f1e6-\U0001f1ff]+$")
+
+
+def whole_clusters(text: str) -> str:
+    """An answer still being written, up to its last whole grapheme cluster. The engine's text may end inside one
+    whose rest comes with the next update: an emoji sequence a zero-width joiner goes on with (👩 ZWJ, then 💻 of
+    👩‍💻), or one letter of a flag's pair (🇨 of 🇨🇳), drawn as pieces until then. Such an end is held back to the next
+    update (the stored answer is shown whole)."""
+    end = len(text)
+    if end and text[end - 1] == ZWJ:  # the whole joined sequence waits: each "<cluster> ZWJ" back to its first
+        while True:
+            end -= 1  # the joiner
+            while end and _EXTEND.fullmatch(text[end - 1]):
+                end -= 1
+            end = max(end - 1, 0)  # the cluster's first character
+            if not (end and text[end - 1] == ZWJ):
+                break
+    flags = _REGIONAL.search(text[:end])
+    if flags and len(flags.group()) % 2:
+        end -= 1
+    return text[:end]
 
 
 def when(m: MessageRow) -> str:
@@ -856,7 +907,7 @@ def _history_messages(messages: list[MessageRow], t: dict, language: str) -> lis
             out.append(_message("user", m.text))
         elif m.status != AnswerStatus.GENERATING:
             out.extend(_answer_messages(m, t, language))
-    return out
+    return _one_person_notice(out, t)
 
 
 async def _conversation_choices(desk: Desk, session_key: str, t: dict, current: int | None = None):

@@ -64,6 +64,10 @@ TEXT = {
         "rated": "谢谢您的反馈！",
         "copy": "复制",
         "copied": "已复制",
+        "cancel": "取消",
+        "undo": "撤销",
+        "clear_chat": "清空对话",
+        "loading": "加载中",
         "rename": "重命名",
         "rename_placeholder": "新的标题",
         "delete": "删除对话",
@@ -155,6 +159,10 @@ TEXT = {
         "rated": "Thank you for your feedback!",
         "copy": "Copy",
         "copied": "Copied",
+        "cancel": "Cancel",
+        "undo": "Undo",
+        "clear_chat": "Clear conversation",
+        "loading": "Loading",
         "rename": "Rename",
         "rename_placeholder": "New title",
         "delete": "Delete conversation",
@@ -226,6 +234,28 @@ API_TEXT = {
                       "argument.",
     },
 }
+
+# Gradio draws some words of its own on the page (its chatbot's buttons, its loading text) and picks their language
+# from the browser's, not the page's: a Chinese page in an English browser said "Copy message", and Gradio's own
+# Chinese lacks that one. The page's words stand in for Gradio's under these keys (Gradio's), in every language
+# Gradio knows (GRADIO_LOCALES), so the page speaks one language whatever the browser's (app/web/chat.py).
+GRADIO_KEYS = {
+    "chatbot.copy_message": "copy", "chatbot.copied_message": "copied", "chatbot.like": "good",
+    "chatbot.dislike": "bad", "chatbot.edit": "edit", "chatbot.submit": "send", "chatbot.cancel": "cancel",
+    "chatbot.retry": "retry", "chatbot.undo": "undo", "chatbot.clear": "clear_chat", "common.loading": "loading",
+}
+# The languages Gradio's page may pick (the lang files of its frontend; a test holds this list to them).
+GRADIO_LOCALES = ("ar", "ca", "ckb", "de", "en", "es", "et", "eu", "fa", "fi", "fr", "he", "hi", "id", "ja", "ko", "lt",
+                  "nb", "nl", "pl", "pt", "pt-BR", "ro", "ru", "sv", "ta", "th", "tr", "uk", "ur", "uz", "zh-CN",
+                  "zh-TW")
+
+
+def gradio_words(language: str) -> dict[str, dict[str, str]]:
+    """Gradio's own words in the page's ``language``, for each language Gradio may pick (gr.I18n's translations)."""
+    t = TEXT[language]
+    words = {key: t[ours] for key, ours in GRADIO_KEYS.items()}
+    return {locale: dict(words) for locale in GRADIO_LOCALES}
+
 
 MODEL_NAMES = {"qwen2.5-0.5b-demo": "Qwen2.5-Coder-0.5B-Instruct"}
 

@@ -6,13 +6,37 @@ import re
 import pytest
 from gradio_client import Client
 
-from app.core.demo import demo_questions
+from admin.demo_ui import _cold_warm
+from admin.i18n import TEXT, duration
+from app.core.demo import Asked, ColdWarm, demo_questions
 from app.db import audit as db_audit
 from app.core.prompts import system_text
+from app.engine.types import RequestStats
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, resize, screenshot
 from tests.helpers.servers import full_blocks, operator
 
 OPERATOR = ("op-demo", "benchmarks at the meeting")
+TIME = r"\d{1,3} 毫秒|\d+\.\d 秒"  # a time as the zh console says it: "820 毫秒", "65.2 秒"
+
+
+def test_demo_times_read_in_seconds_from_one_second_on():
+    # "65165 ms" was hard to read at a meeting: whole milliseconds under a second, seconds with one decimal after.
+    assert [duration(TEXT["en"], ms) for ms in (0.4, 46, 999.4, 999.6, 1000, 3337, 65165)] == [
+        "0 ms", "46 ms", "999 ms", "1.0 s", "1.0 s", "3.3 s", "65.2 s"]
+    assert [duration(TEXT["zh"], ms) for ms in (46, 65165)] == ["46 毫秒", "65.2 秒"]
+
+    def asked(question: str, ttft_ms: float, cached: int) -> Asked:
+        return Asked(question, "answer", RequestStats(prompt_tokens=700, num_cached_tokens=cached, output_tokens=8,
+                                                      ttft_ms=ttft_ms, decode_tokens_per_s=5.0, finish_reason="stop"))
+
+    shown = ColdWarm(prefix_tokens=672, shared_tokens=672, block_size=16, cold=asked("q1", 65165, 0),
+                     warm=asked("q2", 2630, 672))
+    headline, cold, warm = _cold_warm(shown, TEXT["zh"])
+    assert headline == "### 缓存前缀让首 token 快了 24.8 倍（65.2 秒 → 2.6 秒）"
+    assert "**65.2 秒** 后出首 token · 提示 700 个 token 中 **0** 个来自缓存" in cold
+    assert "**2.6 秒** 后出首 token · 提示 700 个 token 中 **672** 个来自缓存" in warm
+    headline, _, _ = _cold_warm(shown, TEXT["en"])
+    assert headline == "### The cached prefix answered 24.8× faster (65.2 s → 2.6 s)"
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +56,8 @@ def test_cold_vs_warm_asks_two_questions_and_the_warm_one_reuses_exactly_the_tem
     # Only the template is shared: the warm run's cached tokens are its full blocks, not the question.
     assert f"提示 {warm_prompt} 个 token 中 **{template_blocks}** 个来自缓存" in warm and f"> {warm_q}" in warm
     assert f"**{template_blocks // block_size}** 个完整块（{template_blocks} 个 token，每块 {block_size} 个）" in warm
-    cold_ms, warm_ms = (int(re.search(r"\*\*(\d+) ms\*\*", x).group(1)) for x in (cold, warm))
-    assert headline.startswith("### 缓存前缀让首 token 快了") and f"（{cold_ms} ms → {warm_ms} ms）" in headline
+    cold_time, warm_time = (re.search(rf"\*\*({TIME})\*\* 后出首 token", x).group(1) for x in (cold, warm))
+    assert headline.startswith("### 缓存前缀让首 token 快了") and f"（{cold_time} → {warm_time}）" in headline
     refused, *_ = admin.predict("support-en", cold_q, cold_q, api_name="/cold_vs_warm")
     assert refused == "⛔ 热问题请换一个，这样两次请求只共享模板。"
 
@@ -91,7 +115,7 @@ def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(bro
     page.locator("#demo-rewarm-confirm").click()
     page.locator("#demo-rewarm-status").get_by_text("个模板已重新预热").wait_for(timeout=120_000)
     published = len(services.catalog.entries())
-    assert re.fullmatch(rf"前缀缓存已重置（丢弃 \d+ 个已缓存的块）；{published} 个模板已重新预热，用时 \d+ ms。",
+    assert re.fullmatch(rf"前缀缓存已重置（丢弃 \d+ 个已缓存的块）；{published} 个模板已重新预热，用时 ({TIME})。",
                         page.locator("#demo-rewarm-status").inner_text())
     services.engine.residency.wait_quiet()  # vLLM's last cache events reach the mirror a moment after the step
     for name in (t.name for t in services.catalog.all()):  # warm again: every published prefix is resident

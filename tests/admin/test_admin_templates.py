@@ -5,7 +5,7 @@ import uuid
 import pytest
 
 from admin.preview import cache_hazards, preview
-from admin.templates import TemplateTooLong
+from admin.templates import TemplateTooLong, text_diff
 from app.core.prompts import system_text
 from app.db import templates as db_templates
 
@@ -126,3 +126,13 @@ def test_export_then_import_round_trips_the_template_files(tpl, console, service
     changes = tpl.import_files([("a.txt", content.replace("Original", "Imported"))], user="tester")
     assert [(c.template, c.before_version, c.after_version) for c in changes] == [(name, 1, 2)]
     assert services.catalog.get(name).chain == ("Imported text for export.",)
+
+
+def test_the_text_diff_puts_each_removed_and_added_line_on_a_line_of_its_own():
+    # A version whose text has no final newline: its last removed line ran on into the first added one.
+    assert text_diff("refunds", 1, 2, "Be kind.\nRule 1: refund in 7 days", "Be kind.\nRule 1: refund in 14 days") == (
+        "--- refunds v1\n+++ refunds v2\n@@ -1,2 +1,2 @@\n Be kind.\n-Rule 1: refund in 7 days\n"
+        "+Rule 1: refund in 14 days\n")
+    assert text_diff("refunds", 1, 2, "a\nb\n", "a\nc") == (
+        "--- refunds v1\n+++ refunds v2\n@@ -1,2 +1,2 @@\n a\n-b\n+c\n")
+    assert text_diff("refunds", 2, 2, "same", "same") == ""

@@ -82,6 +82,25 @@ def wait_for_list(page, ids: list[str]) -> None:
         return JSON.stringify(shown) === JSON.stringify(ids); }""", arg=ids, timeout=30_000)
 
 
+READ_ONLY_JS = """() => {
+  const table = document.querySelector('#conv-table'), drawn = (e) => e.offsetParent !== null;
+  const selected = table.querySelector('.cell-selected');
+  return {selectionButtons: [...table.querySelectorAll('.selection-button')].filter(drawn).length,
+          cellMenus: [...table.querySelectorAll('.body-cell .cell-menu-button')].filter(drawn).length,
+          frame: selected ? getComputedStyle(selected).boxShadow : 'no cell selected'};
+}"""
+# The lines each column header's text takes (its height over its font's line height, as drawn).
+HEADER_LINES_JS = """() => [...document.querySelectorAll('#conv-table th .header')].filter(s => s.getBoundingClientRect().height > 0)
+  .map(s => {
+  const probe = document.createElement('span');
+  probe.textContent = 'X';
+  s.appendChild(probe);
+  const line = probe.getBoundingClientRect().height;
+  probe.remove();
+  return Math.round(s.getBoundingClientRect().height / line);
+})"""
+
+
 def at_both_widths(page, name):
     assert_tidy(page)
     screenshot(page, name)
@@ -107,6 +126,12 @@ def test_an_operator_follows_a_thumbs_down_to_its_transcript_and_the_version_tha
         str(answered.conversation_id), "", template, "v1", "正常", "", "1", "2")
     page.locator("#conv-table [data-testid='cell-0-0']").first.click()  # open it from the list
     page.locator("#conv-transcript .pd-msg").nth(1).wait_for(timeout=30_000)
+    # A click opens the row: the list is read, not edited — no frame of an edited cell, no select-row/column arrows.
+    assert page.evaluate(READ_ONLY_JS) == {"selectionButtons": 0, "cellMenus": 0, "frame": "none"}
+    resize(page, PHONE)  # and each header keeps to one line on a phone (编号 broke into 编/号, 由谁回答 into four)
+    lines = page.evaluate(HEADER_LINES_JS)
+    assert len(lines) >= len(row) and set(lines) == {1}, lines
+    resize(page, DESKTOP)
     headline = f"对话 {answered.conversation_id} · {template} v1 · 由模型回答"
     wait_for_text(page, "#conv-headline", re.compile("^" + re.escape(headline)))
     stats = page.locator("#conv-transcript .pd-msg.answer .pd-stats").inner_text()

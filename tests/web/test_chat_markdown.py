@@ -97,7 +97,7 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
     assert_tidy(page)
     screenshot(page, "chat-markdown")
     # Copy under the answers gives what the customer reads, not the HTML the page draws it from.
-    page.locator("#chatbot button[aria-label='Copy message']").last.click()
+    page.locator("#chatbot button[aria-label='复制']").last.click()
     copied = page.evaluate("navigator.clipboard.readText()")
     assert COPIED in copied
     assert "<b>x</b><script>window.__pdXss = 1</script>" in copied  # the hostile text, as the customer read it

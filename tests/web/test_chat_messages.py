@@ -2,12 +2,16 @@
 exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text; an
 answer's Markdown as HTML: app/web/render.py), or the page would show something else."""
 
+import asyncio
 import inspect
+from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
-from app.web.chat import _message, as_text
-from app.web.render import markdown_html
+from app.core.desk import Progress
+from app.web.chat import _message, _stream, as_text, whole_clusters
+from app.web.chat_text import TEXT
+from app.web.render import markdown_html, streaming_html
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -43,3 +47,27 @@ def test_an_answers_updates_slow_down_only_when_the_answers_in_flight_would_exce
     assert UI_UPDATE_INTERVAL_S == 0.1
     assert [update_interval_s(n, 2000) for n in (0, 1, 200, 400, 1000)] == [0.1, 0.1, 0.1, 0.2, 0.5]
     assert update_interval_s(64, 100) == 0.64  # a server told it affords a hundred updates a second
+
+
+def test_a_streaming_answer_never_ends_inside_a_grapheme_cluster():
+    # The engine's text can end between 👩 + ZWJ and the 💻 of 👩‍💻 (or between a flag's two letters): the page
+    # drew the pieces until the next update. Each update shows whole clusters; the rest waits for the next.
+    assert whole_clusters("您好👩\u200d") == "您好"
+    assert whole_clusters("您好👩\u200d💻") == "您好👩\u200d💻"
+    assert whole_clusters("一家 👨\u200d👩\u200d👧\u200d") == "一家 "
+    assert whole_clusters("👋🏽\u200d") == ""
+    assert whole_clusters("中国 🇨🇳🇨") == "中国 🇨🇳"
+    assert whole_clusters("中国 🇨🇳") == "中国 🇨🇳"
+    assert whole_clusters("plain text") == "plain text"
+
+    async def updates(texts):
+        async def events():
+            for text in texts:
+                yield Progress(text, 7)
+        return [update[0][-1]["content"][0]["text"] async for update in
+                _stream(events(), [], None, "key", TEXT["zh"], "zh", lambda: 0.0)]
+
+    # On a thread of its own: a browser test earlier in the session may have left its loop on this one.
+    with ThreadPoolExecutor(1) as pool:
+        shown = pool.submit(asyncio.run, updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"])).result()
+    assert shown == [streaming_html("写代码的人"), streaming_html("写代码的人👩\u200d💻")]

@@ -27,8 +27,8 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     question = f"七天无理由退货怎么算？{tag()}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
     answer = conversation(db, question)[1]
-    assert page.locator("#chatbot button[aria-label='Copy message']").count() == 2  # the question's, the answer's
-    page.locator("#chatbot button[aria-label='Dislike']").first.click()
+    assert page.locator("#chatbot button[aria-label='复制']").count() == 2  # the question's, the answer's
+    page.locator("#chatbot button[aria-label='没帮助']").first.click()
     page.locator("#pd-reason").wait_for(state="visible", timeout=30_000)
     rating = wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]), None), 30,
                         "the thumbs to be stored")
@@ -37,13 +37,19 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     page.locator("#pd-reason textarea").fill("没有回答我的问题")
     assert_tidy(page)
     screenshot(page, "chat-thumbs-reason")
+    thanks = page.locator("#pd-thanks")
+    assert not thanks.is_visible()
     page.locator("#reason-send").click()
     page.locator("#pd-reason").wait_for(state="hidden", timeout=30_000)
+    thanks.wait_for(state="visible", timeout=30_000)  # the customer is thanked for the reason
+    assert thanks.inner_text().strip() == "谢谢您的反馈！"
     assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 30,
                       "the reason") == "没有回答我的问题"
-    page.locator("#chatbot button[aria-label='Like']").first.click()  # rating again replaces it
+    assert_tidy(page)
+    page.locator("#chatbot button[aria-label='有帮助']").first.click()  # rating again replaces it
     wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 30,
                "the thumbs up")
+    thanks.wait_for(state="hidden", timeout=30_000)  # a new rating takes the old thanks away
     assert db["ratings"].count_where("message_id = ?", [answer["id"]]) == 1
     assert faults(page) == []
     page.close()
@@ -97,7 +103,8 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
 
 def test_the_composer_is_free_again_after_each_message_a_person_has(browser, server_url, db, services, aio):
     # Each message sent while a person has the conversation is stored and answered by a notice; the second notice
-    # says what the first said, and the page took it for no answer at all: Stop stayed lit, Retry dimmed.
+    # says what the first said, and the page took it for no answer at all: Stop stayed lit, Retry dimmed. And each
+    # message added the same notice again: the chat shows one, the last word under the customer's last message.
     page = open_chat(browser, server_url, DESKTOP)
     question = f"我的包裹丢了 {tag()}"
     caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
@@ -106,13 +113,36 @@ def test_the_composer_is_free_again_after_each_message_a_person_has(browser, ser
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
                            timeout=30_000)
     aio(services.db.write(db_conversations.take, conversation_id=conversation_id, operator="王芳"))
+    asked = []
     for n in (1, 2, 3):
-        ask(page, f"还在吗？第 {n} 次 {tag()}", watch=False)
-        page.wait_for_function("n => [...document.querySelectorAll('#chatbot [data-testid=bot]')]"
-                               ".filter(m => m.innerText.includes('人工客服正在处理这段对话')).length === n",
-                               arg=n, timeout=30_000)
+        asked.append(f"还在吗？第 {n} 次 {tag()}")
+        ask(page, asked[-1], watch=False)
+        page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[len(asked) + 1, WITH_PERSON_NOTICE], timeout=30_000)
         page.wait_for_function("() => !document.querySelector('#pd-composer').classList.contains('pd-streaming')",
                                timeout=30_000)
+        assert said(page)[-2:] == [["user", asked[-1]], ["bot", WITH_PERSON_NOTICE]]
+        assert [text for _, text in said(page) if text.startswith("提示：")] == [WITH_PERSON_NOTICE]
+    assert [text for who, text in said(page) if who == "user"] == [question, *asked]
     assert [r["role"] for r in conversation(db, question)] == ["user", "assistant", "user", "user", "user"]
+    page.reload()  # the conversation as stored says it once too
+    wait_ready(page)
+    page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[4, WITH_PERSON_NOTICE], timeout=30_000)
+    assert [text for _, text in said(page) if text.startswith("提示：")] == [WITH_PERSON_NOTICE]
     assert faults(page) == []
     page.close()
+
+
+WITH_PERSON_NOTICE = "提示：人工客服正在处理这段对话，回复会显示在这里。"
+# The chat's last message is the notice, after ``questions`` of the customer's.
+ONE_NOTICE_LAST_JS = """([questions, notice]) => {
+  const said = [...document.querySelectorAll('#chatbot [data-testid=user], #chatbot [data-testid=bot]')];
+  const last = said[said.length - 1];
+  return document.querySelectorAll('#chatbot [data-testid=user]').length === questions && !!last
+    && last.dataset.testid === 'bot' && last.innerText.trim() === notice;
+}"""
+
+
+def said(page) -> list[list[str]]:
+    """Every message of the chat in order: ["user" or "bot", its text]."""
+    return page.evaluate("() => [...document.querySelectorAll('#chatbot [data-testid=user], #chatbot [data-testid=bot]')]"
+                         ".map(m => [m.dataset.testid, m.innerText.trim()])")

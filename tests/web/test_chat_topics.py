@@ -75,16 +75,16 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     caption(page, ask(page, second, watch=False)).wait_for(timeout=60_000)
     old = conversation(db, second)
     page.locator(ANSWERS).first.hover()
-    page.locator("#chatbot .message-buttons-left").first.locator("button[aria-label=Dislike]").click()
+    page.locator("#chatbot .message-buttons-left").first.locator("button[aria-label=没帮助]").click()
     wait_until(lambda: db["ratings"].count_where("message_id = ?", [old[1]["id"]]) == 1, 30, "the thumbs down")
-    pencils = page.locator("#chatbot button[aria-label=Edit]")
+    pencils = page.locator("#chatbot button[aria-label=修改上一个问题]")
     assert [p.is_visible() for p in pencils.all()] == [False, True]  # only the last question can be edited
 
     page.locator("#chatbot .message.user").last.hover()
     pencils.last.click()
     page.locator("#chatbot .edit-textarea").fill(edited)
     screenshot(page, "chat-editing")
-    page.locator("#chatbot button[aria-label=Submit]").click()
+    page.locator("#chatbot button[aria-label=发送]").click()
     page.wait_for_function("q => [...document.querySelectorAll('#chatbot [data-testid=user]')].some("
                            "m => m.innerText.trim() === q)", arg=edited, timeout=30_000)
     def answered() -> list[dict] | None:  # (the page shows the question before the desk has stored it)
@@ -103,9 +103,9 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     page.wait_for_function(READY, timeout=30_000)
     page.wait_for_function("document.querySelectorAll('#chatbot .message.bot').length === 2", timeout=30_000)
     assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [first, edited]
-    marks = [g.locator("button[aria-label^=Dislike], button[aria-label^=Like]").evaluate_all(
+    marks = [g.locator("button[aria-label^=Dislike], button[aria-label=没帮助], button[aria-label^=Like], button[aria-label=有帮助]").evaluate_all(
         "bs => bs.map(b => b.getAttribute('aria-label'))") for g in page.locator("#chatbot .message-buttons-left").all()]
-    assert marks == [["Disliked", "Like"], ["Dislike", "Like"]]  # the first answer's 👎, the new answer unrated
+    assert marks == [["Disliked", "有帮助"], ["没帮助", "有帮助"]]  # the first answer's 👎, the new answer unrated
     assert faults(page) == []
     page.close()
 

@@ -4,11 +4,12 @@ it is, and a second one takes the place of the first."""
 
 import re
 import string
+from pathlib import Path
 
 import pytest
 
 from app.core.refusals import ENGLISH
-from app.web.chat_text import API_TEXT, TEXT, refusal_text
+from app.web.chat_text import API_TEXT, GRADIO_LOCALES, TEXT, gradio_words, refusal_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
 from tests.helpers.chat_page import ANSWERS, faults, open_chat, tag, wait_for_status
 
@@ -134,6 +135,44 @@ def test_a_paste_longer_than_a_message_may_be_is_cut_and_the_page_says_so_with_t
         page.wait_for_function("() => document.querySelector('#message textarea').value.length === 19999",
                                timeout=30_000)
         assert note.count() == 0
+        assert faults(page) == []
+    finally:
+        context.close()
+
+
+def test_gradio_is_given_the_pages_words_in_every_language_it_may_pick():
+    # Gradio's frontend picks a language of its own lang files by the browser's: each must carry the page's words.
+    import gradio
+
+    assets = Path(gradio.__file__).parent / "templates" / "frontend" / "assets"
+    (core,) = assets.glob("core-*.js")
+    assert sorted(GRADIO_LOCALES) == sorted(set(re.findall(r'"\./lang/([A-Za-z-]+)\.json"', core.read_text())))
+    for language in ("zh", "en"):
+        words = gradio_words(language)
+        assert set(words) == set(GRADIO_LOCALES)
+        assert all(table == words["en"] for table in words.values())
+    assert gradio_words("zh")["en"]["chatbot.copy_message"] == "复制"
+    assert gradio_words("en")["zh-CN"]["chatbot.copy_message"] == "Copy"
+    assert gradio_words("zh")["fr"] == {
+        "chatbot.copy_message": "复制", "chatbot.copied_message": "已复制", "chatbot.like": "有帮助",
+        "chatbot.dislike": "没帮助", "chatbot.edit": "修改上一个问题", "chatbot.submit": "发送", "chatbot.cancel": "取消",
+        "chatbot.retry": "重试", "chatbot.undo": "撤销", "chatbot.clear": "清空对话", "common.loading": "加载中"}
+
+
+@pytest.mark.parametrize("locale", ["en-US", "fr-FR", "zh-CN"])
+def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_language(browser, server_url, locale):
+    context = browser.new_context(viewport=DESKTOP, locale=locale)
+    try:
+        page = open_chat(browser, server_url, page=context.new_page())
+        assert page.evaluate("navigator.language") == locale
+        page.locator("#message textarea").fill(f"运费怎么算？{tag()}")
+        page.locator("#message textarea").press("Enter")
+        page.locator(ANSWERS).first.locator(".thought-group").wait_for(timeout=60_000)
+        labels = page.evaluate("() => [...document.querySelectorAll('#chatbot button[aria-label]')]"
+                               ".map(b => b.getAttribute('aria-label'))")
+        assert {"复制", "有帮助", "没帮助", "清空对话"} <= set(labels)
+        assert not {"Copy message", "Like", "Dislike", "Clear", "Copier le message"} & set(labels)
+        assert labels.count("复制") == 2  # the question's and the answer's
         assert faults(page) == []
     finally:
         context.close()

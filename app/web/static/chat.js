@@ -22,7 +22,8 @@
     const notice = !!last && !captioned(last) && last.innerText.trim().startsWith(TEXT.notice.trim());
     const index = retry ? Math.max(groups.length - 1, 0) : groups.length - (notice ? 1 : 0);
     delete state.byAnswer[index]; delete state.reported[index];
-    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : '', bots: botCount()};
+    state.pending = {t0: performance.now(), index, retry, bot: lastBot(), notice: notice ? text(last) : '', bots: botCount(),
+                     users: document.querySelectorAll('#chatbot [data-testid=user]').length};
   };
   const report = (ms) => {
     const box = document.querySelector('#pd-glyph-report textarea');
@@ -118,11 +119,14 @@
     const b = e.target.closest && e.target.closest('#message textarea');
     if (b && b.value.length < b.maxLength) pasteCut(false);
   }, true);
-  // Copy gives what the customer reads: Gradio copies a message's value, which for an answer is the HTML made from
-  // its Markdown (app/web/render.py) and for other messages text with < > & escaped. (Without the clipboard API,
-  // on a page not served over https, Gradio copies through a textarea of its own: the HTML.) The value is read as HTML
-  // in an inert document (DOMParser: nothing loads or runs) and written as lines of text: paragraphs, list items
-  // ("- ", "1. "), code and quotes on lines of their own.
+  // Copy gives the answer as the customer reads it, and only the answer. Gradio's copy button sits under a group (the
+  // messages of one turn) and copies all of it: each message's value on a line of its own, a captioned one as
+  // "title\n  details" — so an answer's copy carried its caption. An answer's value is the HTML made from its
+  // Markdown (app/web/render.py), one <div class="pd-md"> each; what lies outside those (the caption, written
+  // after it) is no part of the answer. (Without the clipboard API, on a page not served over https, Gradio copies
+  // through a textarea of its own: the copy event below.) The value is read as HTML in an inert document (DOMParser:
+  // nothing loads or runs) and each answer written as lines of text: paragraphs, list items ("- ", "1. "), code and
+  // quotes on lines of their own.
   const plain = (value) => {
     const doc = new DOMParser().parseFromString(String(value), 'text/html');
     const walker = doc.createTreeWalker(doc.body, NodeFilter.SHOW_TEXT), gaps = [];
@@ -142,13 +146,20 @@
     for (const block of doc.querySelectorAll('p, pre, blockquote, h1, h2, h3, h4, h5, h6, hr, ol, ul, div')) {
       block.append('\n\n');
     }
-    return doc.body.textContent.replace(/\n{3,}/g, '\n\n').trim();
+    return [...doc.querySelectorAll('.pd-md')].map((answer) => answer.textContent.replace(/\n{3,}/g, '\n\n').trim())
+      .join('\n\n');
   };
+  const ANSWER = 'class="pd-md';
   if (navigator.clipboard && navigator.clipboard.writeText) {
     const write = navigator.clipboard.writeText.bind(navigator.clipboard);
-    navigator.clipboard.writeText = (value) =>
-      write(String(value).includes('class="pd-md') ? plain(value) : value);
+    navigator.clipboard.writeText = (value) => write(String(value).includes(ANSWER) ? plain(value) : value);
   }
+  document.addEventListener('copy', (e) => {  // Gradio's own textarea, selected and copied (no clipboard API)
+    const area = e.target;
+    if (!(area instanceof HTMLTextAreaElement) || area.parentElement !== document.body || !area.value.includes(ANSWER)) return;
+    e.clipboardData.setData('text/plain', plain(area.value));
+    e.preventDefault();
+  }, true);
   // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
   const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
@@ -183,8 +194,14 @@
       const group = groups[p.index], bot = lastBot();
       const answered = group && captioned(group) && (!p.retry || p.fresh);
       // A notice ends it too (a refusal, a person's conversation): a new one, even when it says what the last
-      // one said (a second break-off, a second message while a person has the conversation).
-      const refused = (bot !== p.bot || botCount() !== p.bots) && bot.startsWith(TEXT.notice.trim());
+      // one said (a second break-off), and the one notice that a person has the conversation once it has moved
+      // under the message just sent (the server shows one, under the customer's last message: chat.py).
+      const said = [...document.querySelectorAll('#chatbot [data-testid=user], #chatbot [data-testid=bot]')];
+      const lastSaid = said[said.length - 1];
+      const asked = document.querySelectorAll('#chatbot [data-testid=user]').length > p.users;
+      const noticed = bot.startsWith(TEXT.notice.trim());
+      const refused = noticed && ((bot !== p.bot || botCount() !== p.bots)
+                                  || (asked && !!lastSaid && lastSaid.dataset.testid === 'bot'));
       if (answered || refused) p.done = true;
     }
     const streaming = !!p && !p.done;
