@@ -190,7 +190,7 @@ class Clock:
         return utcnow()
 
 
-class ConsoleAccess:
+class AdminAccess:
     def __init__(self, db: Database, *, ttl_s: float, free_attempts: int, language: str = "en",
                  clock: Clock | None = None):
         self.db = db

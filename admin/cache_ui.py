@@ -18,7 +18,7 @@ import gradio as gr
 import pandas as pd
 
 from admin.confirm import confirm_dialog
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import headers
 from app.core.cache_tree import cache_tree, plural, render_tree_html, template_counts, template_label
 from app.core.cache_view import CacheView, read_cache_view, template_residency
@@ -47,7 +47,7 @@ CSS = """
 """
 
 
-def build_cache_tab(console: Console):
+def build_cache_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, engine = console.text, console.access, console.engine
     x, y, series = _plot_columns(t)
@@ -205,7 +205,7 @@ def _replica_rows(engine, t: dict) -> list[list]:
     return rows
 
 
-def _template_rows(console: Console, usage: dict[str, tuple[int, int, int]],
+def _template_rows(console: AdminContext, usage: dict[str, tuple[int, int, int]],
                    counts: dict[tuple[str, bool], tuple[int, int, int]]) -> list[list]:
     """One row per published template and split candidate; resident blocks and cached conversations are the
     tree's numbers (summed over replicas), the answers, tokens and hit rate the stored customers' answers'."""
@@ -219,7 +219,7 @@ def _template_rows(console: Console, usage: dict[str, tuple[int, int, int]],
     return rows
 
 
-def _trees(console: Console, t: dict) -> tuple[str, dict[tuple[str, bool], tuple[int, int, int]]]:
+def _trees(console: AdminContext, t: dict) -> tuple[str, dict[tuple[str, bool], tuple[int, int, int]]]:
     """The tree(s) as HTML and, per template, the numbers they show (resident, prefix blocks, conversations),
     summed over replicas: the table shows exactly these."""
     mirrors = [(r.url, r.mirror) for r in console.engine.replicas() if r.mirror is not None]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
-from admin.access import ConsoleAccess
+from admin.access import AdminAccess
 
 
 @dataclass(frozen=True)
@@ -19,7 +19,7 @@ class Confirm:
     cancel: gr.Button
     status: gr.Markdown
 
-    def wire(self, access: ConsoleAccess, ask: gr.Button) -> None:
+    def wire(self, access: AdminAccess, ask: gr.Button) -> None:
         """``ask`` shows the question and cancel hides it, each for a logged-in operator only."""
 
         async def show(request: gr.Request):

@@ -6,7 +6,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from admin.access import ConsoleAccess
+from admin.access import AdminAccess
 from admin.exports import ExportFiles
 from admin.i18n import TEXT
 from admin.templates import PrefixMeter, Templates
@@ -19,7 +19,7 @@ from app.settings import Settings
 
 
 @dataclass(frozen=True)
-class Console:
+class AdminContext:
     settings: Settings
     db: Database
     engine: Engine
@@ -27,7 +27,7 @@ class Console:
     catalog: TemplateCatalog
     meter: PrefixMeter
     templates: Templates
-    access: ConsoleAccess
+    access: AdminAccess
     probe_id: int  # the token a warmup sends after a prefix (see app/core/warmup.py)
     exports: ExportFiles  # exported transcripts, removed after EXPORT_TTL_S and at shutdown
 
@@ -40,13 +40,13 @@ class Console:
         return TEXT[self.settings.ui_language]
 
 
-def build_console(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
-                  access: ConsoleAccess, exports: ExportFiles | None = None) -> Console:
+def build_admin_context(*, settings: Settings, db: Database, engine: Engine, desk: Desk, catalog: TemplateCatalog,
+                  access: AdminAccess, exports: ExportFiles | None = None) -> AdminContext:
     """``exports``: where exported transcripts go (the server's: inside the console's own folder, removed at
     shutdown); None puts each in a private folder of its own in the temp folder, removed after its time."""
     prompts = desk.prompts
     meter = PrefixMeter(prompts, engine.info.block_size, prompts.max_model_len, settings.max_tokens)
     exports = exports or ExportFiles(Path(tempfile.gettempdir()))
-    return Console(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
+    return AdminContext(settings=settings, db=db, engine=engine, desk=desk, catalog=catalog, meter=meter,
                    templates=Templates(db, meter, catalog), access=access, probe_id=probe_token(prompts.tokenizer),
                    exports=exports)

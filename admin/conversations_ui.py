@@ -15,7 +15,7 @@ from datetime import datetime
 
 import gradio as gr
 
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import headers
 from admin.markup import literal
 from app.core.cache_tree import plural
@@ -50,7 +50,7 @@ CSS = """
 """
 
 
-def build_conversations_tab(console: Console):
+def build_conversations_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, db = console.text, console.access, console.db
 

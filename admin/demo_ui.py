@@ -19,7 +19,7 @@ import gradio as gr
 import pandas as pd
 
 from admin.confirm import confirm_dialog
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import duration, headers
 from admin.markup import literal
 from app.core.demo import ABRounds, ColdWarm, SameQuestion, ab_rounds, cold_then_warm, demo_questions
@@ -31,7 +31,7 @@ DEMO_MAX_TOKENS = 64
 MAX_QUESTION_CHARS = 2000
 
 
-def build_demo_tab(console: Console):
+def build_demo_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, catalog = console.text, console.access, console.catalog
 

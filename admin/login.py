@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 
-from admin.access import DEVICE_COOKIE, DEVICE_TTL_S, SESSION_COOKIE, ConsoleAccess, LoginRefused
+from admin.access import DEVICE_COOKIE, DEVICE_TTL_S, SESSION_COOKIE, AdminAccess, LoginRefused
 from admin.i18n import TEXT
 from app.core.callers import ProxyTrust, TenantRefused
 
@@ -24,10 +24,10 @@ OPEN_PATHS = {f"{PREFIX}/login", f"{PREFIX}/logout"}
 MAX_FIELD_CHARS = 200
 
 
-def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open) -> APIRouter:
+def build_login_router(access: AdminAccess, trust: ProxyTrust, *, admin_open) -> APIRouter:
     """``GET/POST /admin/login``, ``GET/POST /admin/logout`` and ``GET /admin`` (to /admin/).
 
-    ``console_open()`` is awaited to tell whether any operator exists (the page says how to open
+    ``admin_open()`` is awaited to tell whether any operator exists (the page says how to open
     the console when none does).
     """
     router = APIRouter()
@@ -39,7 +39,7 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
 
     @router.get(f"{PREFIX}/login", include_in_schema=False)
     async def login_page() -> Response:
-        return _page(t, "" if await console_open() else t["console_closed"])
+        return _page(t, "" if await admin_open() else t["console_closed"])
 
     @router.post(f"{PREFIX}/login", include_in_schema=False)
     async def login(request: Request) -> Response:
@@ -85,10 +85,10 @@ def build_login_router(access: ConsoleAccess, trust: ProxyTrust, *, console_open
     return router
 
 
-class ConsoleGate:
+class AdminGate:
     """ASGI middleware: every path under /admin but the login and logout needs a live session."""
 
-    def __init__(self, app, access: ConsoleAccess):
+    def __init__(self, app, access: AdminAccess):
         self.app = app
         self.access = access
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import TEXT
 from app.core.cache_tree import plural
 from app.db import review as db_review
@@ -33,14 +33,14 @@ STATIC = Path(__file__).with_name("static")
 JS = (STATIC / "queue.js").read_text(encoding="utf-8")
 
 
-def console_js(language: str) -> str:
+def admin_js(language: str) -> str:
     """The console page's script, with the texts it shows itself in ``language``."""
     t = TEXT[language]
     shown = ("queue_notice_title", "queue_notice_body")
     return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in shown}, ensure_ascii=False))
 
 
-def build_queue(console: Console):
+def build_queue(console: AdminContext):
     """The header's queue line and "Notify me" toggle, with their timer; returns the page-load handler and its
     outputs (the load tells the page which operator it is and which customers already wait: none of those
     calls)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import hazard_text, headers, refusal
 from admin.markup import literal
 from admin.preview import preview
@@ -23,7 +23,7 @@ from app.template_files import TemplateFileError
 REFUSED = (TemplateAdminError, TemplateFileError, LookupError, ValueError)
 
 
-def table_rows(console: Console, rows: list[TemplateRow]) -> list[list]:
+def table_rows(console: AdminContext, rows: list[TemplateRow]) -> list[list]:
     yes = console.text["yes"]
     return [[r.name, r.parent, r.language, r.published_version or "", r.latest_version, r.num_tokens, r.num_blocks,
              yes if r.pinned else "", yes if r.internal else "", r.num_answers,
@@ -31,7 +31,7 @@ def table_rows(console: Console, rows: list[TemplateRow]) -> list[list]:
              f"{r.last_used:%Y-%m-%d %H:%M}" if r.last_used else ""] for r in rows]
 
 
-def build_templates_tab(console: Console):
+def build_templates_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, templates = console.text, console.access, console.templates
 
@@ -274,7 +274,7 @@ def build_templates_tab(console: Console):
     return refresh, [templates_table, name, new_parent]
 
 
-async def preview_markdown(console: Console, name: str, chain: tuple[str, ...]) -> tuple[str, str]:
+async def preview_markdown(console: AdminContext, name: str, chain: tuple[str, ...]) -> tuple[str, str]:
     t = console.text
     p = await asyncio.to_thread(preview, meter=console.meter, name=name, chain=chain)
     lines = [t["preview_size"].format(tokens=p.num_tokens, blocks=p.num_blocks, block_size=console.meter.block_size,

@@ -10,7 +10,7 @@ import gradio as gr
 
 from admin.cache_ui import CSS as CACHE_CSS
 from admin.cache_ui import build_cache_tab
-from admin.context import Console
+from admin.context import AdminContext
 from admin.conversations_ui import CSS as CONVERSATIONS_CSS
 from admin.conversations_ui import build_conversations_tab
 from admin.demo_ui import build_demo_tab
@@ -39,7 +39,7 @@ LOGOUT_JS = "() => { fetch('/admin/logout', {method: 'POST', credentials: 'same-
             ".finally(() => { window.location.assign('/admin/login'); }); }"
 
 
-def build_admin(console: Console) -> gr.Blocks:
+def build_admin(console: AdminContext) -> gr.Blocks:
     t, access = console.text, console.access
 
     async def who(request: gr.Request):

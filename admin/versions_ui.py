@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import headers
 from admin.markup import literal
 from app.core.warmup import warm
@@ -21,7 +21,7 @@ from app.db.templates import TemplateAdminError
 REFUSED = (TemplateAdminError, LookupError, ValueError)
 
 
-def build_versions_tab(console: Console):
+def build_versions_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, templates, catalog = console.text, console.access, console.templates, console.catalog
 

@@ -8,7 +8,7 @@ from datetime import datetime
 
 import gradio as gr
 
-from admin.context import Console
+from admin.context import AdminContext
 from admin.i18n import headers
 from app.core.cache_tree import plural, template_label
 from app.core.cache_view import template_residency
@@ -25,7 +25,7 @@ class Touch:
     prefix_blocks: int  # the whole prefix in full blocks: equal means it was resident
 
 
-def build_warmup_tab(console: Console):
+def build_warmup_tab(console: AdminContext):
     """The tab's components and events; returns its refresh handler and outputs for the page load."""
     t, access, catalog = console.text, console.access, console.catalog
     last_touch: dict[str, Touch] = {}  # touches from this console, by template

@@ -111,19 +111,19 @@ def build_services(settings: Settings, *, engine: Engine | None = None) -> Servi
     return Services(settings, db, engine, prompts, catalog, desk, trust)
 
 
-def create_app(services: Services, *, console_clock: Clock | None = None) -> FastAPI:
-    """The web app over ``services``; ``console_clock`` is the time console sessions and login delays
+def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastAPI:
+    """The web app over ``services``; ``admin_clock`` is the time console sessions and login delays
     keep (tests move one by hand)."""
     # Gradio (and the console, which needs it) is imported here, not at module level, so that
     # build_services and create_api_app run where Gradio is not installed (a GPU benchmark machine).
     import gradio as gr
 
-    from admin.access import ConsoleAccess
-    from admin.context import build_console  # the composition root mounts admin here
+    from admin.access import AdminAccess
+    from admin.context import build_admin_context  # the composition root mounts admin here
     from admin.exports import ExportFiles
-    from admin.login import ConsoleGate, build_login_router
+    from admin.login import AdminGate, build_login_router
     from admin.operators import sync_settings_operator
-    from admin.queue_ui import console_js
+    from admin.queue_ui import admin_js
     from admin.ui import CSS as CONSOLE_CSS
     from admin.ui import build_admin
     from app.web.chat import CSS as CHAT_CSS
@@ -136,32 +136,32 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
     _preload_matplotlib()
     app = FastAPI(title="prefixdesk", docs_url=None, redoc_url=None, openapi_url=None)
     sync_settings_operator(services.db, settings)
-    access = ConsoleAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
-                           language=settings.ui_language, clock=console_clock)
-    console_files = _console_folder()
-    exports = ExportFiles(console_files, clock=console_clock.monotonic if console_clock else time.monotonic)
-    console = build_console(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
+    access = AdminAccess(services.db, ttl_s=settings.admin_session_ttl_s, free_attempts=settings.admin_login_attempts,
+                           language=settings.ui_language, clock=admin_clock)
+    admin_files = _admin_folder()
+    exports = ExportFiles(admin_files, clock=admin_clock.monotonic if admin_clock else time.monotonic)
+    console = build_admin_context(settings=settings, db=services.db, engine=services.engine, desk=services.desk,
                             catalog=services.catalog, access=access, exports=exports)
-    _lifespan(app, services, folders=(console_files,), on_stop=exports.close)
+    _lifespan(app, services, folders=(admin_files,), on_stop=exports.close)
     _add_healthz(app, services)
 
-    async def console_open() -> bool:
+    async def admin_open() -> bool:
         from app.db import operators as db_operators
 
         return await services.db.read(db_operators.any_active)
 
     app.include_router(build_openai_router(services.desk, services.trust))
     app.include_router(build_metrics_router(settings, services.desk))
-    app.include_router(build_login_router(access, services.trust, console_open=console_open))
+    app.include_router(build_login_router(access, services.trust, admin_open=admin_open))
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
                  pwa=False, ssr_mode=False)
     blocks = build_admin(console)
     _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CONSOLE_PROGRESS_POLL_S)
-    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, js=console_js(settings.ui_language),
+    gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, js=admin_js(settings.ui_language),
                         max_file_size=f"{settings.max_upload_mib}mb",
                         blocked_paths=_blocked_paths(settings), **mount)
-    _keep_files_in(app, "/admin", blocks, console_files)
+    _keep_files_in(app, "/admin", blocks, admin_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
                       updates_per_s=settings.chat_updates_per_s,
                       browser_secret=_secret(settings, "browser-state.key"),
@@ -171,7 +171,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
            progress_poll_s=CHAT_PROGRESS_POLL_S)
     # Gradio's own words on the page (its buttons' labels) in the page's language, whatever the browser's.
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=page_js(settings.ui_language), max_file_size="1kb",
-                        blocked_paths=[*_blocked_paths(settings), str(console_files)],
+                        blocked_paths=[*_blocked_paths(settings), str(admin_files)],
                         i18n=gr.I18n(**gradio_words(settings.ui_language)), **mount)
     keep_no_snapshots(app, blocks)
     keep_no_snapshots(app, chat)
@@ -187,7 +187,7 @@ def create_app(services: Services, *, console_clock: Clock | None = None) -> Fas
                        inputs={"": _inputs(chat), "/admin": _inputs(blocks)},
                        triggers={"": _triggers(chat), "/admin": _triggers(blocks)},
                        streams={"": _streams(chat), "/admin": _streams(blocks)})
-    app.add_middleware(ConsoleGate, access=access)
+    app.add_middleware(AdminGate, access=access)
     app.add_middleware(RequestGuard, max_request_bytes=settings.max_request_kib << 10,
                        max_upload_bytes=settings.max_upload_mib << 20)
     return app
@@ -215,7 +215,7 @@ def _streams(blocks: gr.Blocks):
     return lambda session_hash: session_hash in blocks._queue.pending_messages_per_session
 
 
-def _console_folder() -> Path:
+def _admin_folder() -> Path:
     """A folder of this process's console for its uploads and exports (0700), inside Gradio's upload folder:
     Gradio accepts an uploaded file in an event only from there. The chat blocks it and serves no files."""
     from gradio.utils import get_upload_folder

@@ -119,11 +119,11 @@ def browser(services):
 @pytest.fixture(scope="session")
 def console(services):
     """The console's services, as the server builds them (templates, access, meter)."""
-    from admin.access import ConsoleAccess
-    from admin.context import build_console
+    from admin.access import AdminAccess
+    from admin.context import build_admin_context
 
-    access = ConsoleAccess(services.db, ttl_s=3600, free_attempts=5)
-    return build_console(settings=services.settings, db=services.db, engine=services.engine, desk=services.desk,
+    access = AdminAccess(services.db, ttl_s=3600, free_attempts=5)
+    return build_admin_context(settings=services.settings, db=services.db, engine=services.engine, desk=services.desk,
                          catalog=services.catalog, access=access)
 
 

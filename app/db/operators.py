@@ -11,7 +11,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session
 
 from app.db.models import AdminSession, Operator, utcnow
-from app.db.rows import ConsoleSession, OperatorRow
+from app.db.rows import AdminSessionRow, OperatorRow
 
 
 class OperatorExists(ValueError):
@@ -65,7 +65,7 @@ def open_session(s: Session, *, token_hash: str, operator: str, expires_at: date
     s.add(AdminSession(token_hash=token_hash, operator=operator, expires_at=expires_at, client=client[:100]))
 
 
-def find_session(s: Session, *, token_hash: str, now: datetime) -> ConsoleSession | None:
+def find_session(s: Session, *, token_hash: str, now: datetime) -> AdminSessionRow | None:
     """The live session of ``token_hash``: not revoked, not expired, its operator still active."""
     row = s.execute(
         select(AdminSession)
@@ -73,7 +73,7 @@ def find_session(s: Session, *, token_hash: str, now: datetime) -> ConsoleSessio
         .where(AdminSession.token_hash == token_hash, AdminSession.revoked_at.is_(None),
                AdminSession.expires_at > now, Operator.disabled_at.is_(None))
     ).scalar()
-    return None if row is None else ConsoleSession(row.operator, row.created_at, row.expires_at)
+    return None if row is None else AdminSessionRow(row.operator, row.created_at, row.expires_at)
 
 
 def revoke_session(s: Session, *, token_hash: str) -> None:

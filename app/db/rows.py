@@ -235,7 +235,7 @@ class OperatorRow:
 
 
 @dataclass(frozen=True)
-class ConsoleSession:
+class AdminSessionRow:
     operator: str
     created_at: datetime
     expires_at: datetime

@@ -7,7 +7,7 @@ import pytest
 from gradio_client import Client
 
 from admin import operators
-from admin.access import ConsoleAccess, LoginRefused, LoginThrottle
+from admin.access import AdminAccess, LoginRefused, LoginThrottle
 from tests.helpers.clocks import ManualClock
 from tests.helpers.servers import operator
 
@@ -80,7 +80,7 @@ def test_login_opens_a_session_and_logout_in_the_same_browser_ends_it(server_url
 def test_a_session_expires_after_its_ttl(services, aio):
     operator(services, *OPERATOR)
     clock = ManualClock()
-    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=5, clock=clock)
+    access = AdminAccess(services.db, ttl_s=60, free_attempts=5, clock=clock)
     token, _ = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="192.0.2.10"))
     assert aio(access.operator_of(token)) == OPERATOR[0]
     clock.advance(59.5)
@@ -94,7 +94,7 @@ def test_a_session_expires_after_its_ttl(services, aio):
 def test_a_wrong_password_is_refused_and_the_right_one_works_from_the_same_address(services, aio):
     operator(services, *OPERATOR)
     clock = ManualClock()
-    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=2, clock=clock)
+    access = AdminAccess(services.db, ttl_s=60, free_attempts=2, clock=clock)
     for _ in range(2):  # two free attempts, then the next try waits a second
         with pytest.raises(LoginRefused) as exc:
             aio(access.login(name=OPERATOR[0], password="wrong guess", client="192.0.2.11"))

@@ -11,8 +11,8 @@ import pytest
 from admin.access import SESSION_COOKIE
 from admin.i18n import TEXT as CONSOLE_TEXT
 from app.core.prompts import common_prefix_len, system_text
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, screenshot, table_rows
-from tests.helpers.browser import open_tab as open_console_tab
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, admin_page, screenshot, table_rows
+from tests.helpers.browser import open_tab as open_admin_tab
 from tests.helpers.servers import SecondServer, full_blocks, operator
 
 OPERATOR = ("op-browser", "browser secret 42")
@@ -48,7 +48,7 @@ def english(services, engine_loop, tmp_path_factory):
 
 def open_tab(page, tab: str, language: str = "zh") -> None:
     """Select a console tab, through the "more tabs" menu where a narrow screen folds it away."""
-    open_console_tab(page, tab, CONSOLE_TEXT[language][f"tab_{tab}"], TAB_READY[tab])
+    open_admin_tab(page, tab, CONSOLE_TEXT[language][f"tab_{tab}"], TAB_READY[tab])
 
 
 def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
@@ -59,7 +59,7 @@ def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
 
 def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(browser, server_url, services, account,
                                                                                template, block_size):
-    page = console_page(browser, server_url, account, **DESKTOP)
+    page = admin_page(browser, server_url, account, **DESKTOP)
     page.locator("#templates-table").get_by_text(template, exact=True).last.wait_for(timeout=30_000)
     picker = page.locator("#edit-template input")
     picker.fill(template)
@@ -159,7 +159,7 @@ def test_the_console_speaks_the_ui_language(browser, request, server_url, accoun
     screenshot(page, f"admin-login-{language}")
     page.close()
 
-    page = console_page(browser, url, login, **DESKTOP)
+    page = admin_page(browser, url, login, **DESKTOP)
     tabs = page.locator("[role=tablist] [role=tab]")
     assert [tabs.nth(i).inner_text() for i in range(tabs.count())] == [t[f"tab_{tab}"] for tab in TABS]
     assert page.locator("#logout").inner_text() == t["logout"]
@@ -200,7 +200,7 @@ def test_both_languages_have_the_same_texts_with_the_same_placeholders():
 
 
 def test_the_cache_tab_fits_a_phone_and_its_numbers_are_readable(browser, server_url, account):
-    page = console_page(browser, server_url, account, **PHONE)
+    page = admin_page(browser, server_url, account, **PHONE)
     assert_tidy(page)
     open_tab(page, "cache")
     page.locator("#cache-tree li").first.wait_for(timeout=30_000)

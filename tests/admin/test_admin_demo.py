@@ -12,7 +12,7 @@ from app.core.demo import Asked, ColdWarm, demo_questions
 from app.db import audit as db_audit
 from app.core.prompts import system_text
 from app.engine.types import RequestStats
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, resize, screenshot
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, admin_page, resize, screenshot
 from tests.helpers.servers import full_blocks, operator
 
 OPERATOR = ("op-demo", "benchmarks at the meeting")
@@ -79,7 +79,7 @@ def test_the_ab_reports_the_median_of_its_rounds_with_their_spread(admin, servic
 
 def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(browser, server_url, services,
                                                                               block_size):
-    page = console_page(browser, server_url, operator(services, *OPERATOR), **DESKTOP)
+    page = admin_page(browser, server_url, operator(services, *OPERATOR), **DESKTOP)
     page.get_by_role("tab", name="演示").click()
     page.locator("#demo-run").wait_for()
     # Before a run the boxes say what will appear there, not empty slivers.

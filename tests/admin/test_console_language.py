@@ -7,7 +7,7 @@ import re
 import pytest
 
 from admin.i18n import TEXT
-from tests.helpers.browser import DESKTOP, PHONE, console_page, open_tab, screenshot
+from tests.helpers.browser import DESKTOP, PHONE, admin_page, open_tab, screenshot
 from tests.helpers.servers import SecondServer, operator
 
 TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
@@ -73,7 +73,7 @@ def test_every_tab_speaks_the_consoles_language_only(browser, request, server_ur
     else:
         url, login = request.getfixturevalue("english")
     t = TEXT[language]
-    page = console_page(browser, url, login, **DESKTOP, locale="zh-CN" if language == "zh" else "en-US")
+    page = admin_page(browser, url, login, **DESKTOP, locale="zh-CN" if language == "zh" else "en-US")
     found = {}
     for tab in TABS:
         open_tab(page, tab, t[f"tab_{tab}"], READY[tab])

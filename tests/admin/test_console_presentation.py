@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from tests.helpers.browser import DESKTOP, assert_tidy, console_page, screenshot
+from tests.helpers.browser import DESKTOP, assert_tidy, admin_page, screenshot
 from tests.helpers.chat_page import open_chat
 from tests.helpers.servers import operator
 
@@ -23,7 +23,7 @@ def test_an_operator_titles_a_topic_and_suggests_its_questions(browser, server_u
     aio(console.templates.publish(name=name, version=1, user="seed"))
     chat = open_chat(browser, server_url, DESKTOP)  # opened before the change
 
-    page = console_page(browser, server_url, account, **DESKTOP)
+    page = admin_page(browser, server_url, account, **DESKTOP)
     page.locator("#templates-table").get_by_text(name, exact=True).last.wait_for(timeout=30_000)
     picker = page.locator("#edit-template input")
     picker.fill(name)

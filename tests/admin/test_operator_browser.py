@@ -15,7 +15,7 @@ from app.db import audit as db_audit
 from app.db import conversations as db_conversations
 from app.db import review as db_review
 from app.db.rows import ReviewFilter
-from tests.helpers.browser import (DESKTOP, PHONE, assert_tidy, console_page, open_tab, pick, resize, screenshot,
+from tests.helpers.browser import (DESKTOP, PHONE, assert_tidy, admin_page, open_tab, pick, resize, screenshot,
                                    table_rows, wait_for_rows, wait_for_text)
 from tests.helpers.servers import collect, operator
 
@@ -43,7 +43,7 @@ def template(console, aio):
 
 @pytest.fixture(scope="module")
 def page(browser, server_url, account, template):
-    page = console_page(browser, server_url, account, **DESKTOP)
+    page = admin_page(browser, server_url, account, **DESKTOP)
     yield page
     page.close()
 

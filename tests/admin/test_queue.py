@@ -5,7 +5,7 @@ import json
 from datetime import datetime, timedelta
 
 from admin.i18n import TEXT
-from admin.queue_ui import console_js, queue_line, queue_payload
+from admin.queue_ui import admin_js, queue_line, queue_payload
 from app.db.rows import PersonQueue
 
 NOW = datetime(2026, 12, 2, 8, 0, 0)
@@ -30,6 +30,6 @@ def test_the_page_reads_counts_ids_and_the_operator_and_its_texts_in_the_ui_lang
     assert json.loads(queue_payload(PersonQueue(2, (), (9, 4)), "ana")) == {"count": 2, "ids": [9, 4],
                                                                             "operator": "ana"}
     for language in ("en", "zh"):
-        script = console_js(language)
+        script = admin_js(language)
         assert "/*PD_TEXT*/{}" not in script
         assert json.dumps(TEXT[language]["queue_notice_body"], ensure_ascii=False) in script

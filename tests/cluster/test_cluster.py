@@ -504,10 +504,10 @@ def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(clu
 
 
 def test_the_console_shows_both_replicas(cluster_app, cluster, browser, whole):
-    from tests.helpers.browser import console_page
+    from tests.helpers.browser import admin_page
 
     url, _ = cluster_app
-    page = console_page(browser, url, ("admin", "cluster console 42"), width=1400, height=1000)
+    page = admin_page(browser, url, ("admin", "cluster console 42"), width=1400, height=1000)
     page.get_by_role("tab", name="缓存").click()
     table = page.locator("#cache-replicas")
     # The table's cells, as shown (the Dataframe also renders a hidden copy of each cell to size its columns).

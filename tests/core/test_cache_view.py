@@ -18,7 +18,7 @@ from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import Message, utcnow
 from app.db.rows import TtftSplit
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, console_page, resize, screenshot, table_rows
+from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, admin_page, resize, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 from tests.helpers.waiting import eventually, wait_until
@@ -121,7 +121,7 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
     wait_until(lambda: len(services.db.run(db_metrics.samples_since, since=utcnow() - timedelta(minutes=5))) >= 3,
                30, "the sampler to write 3 samples", poll_s=0.5)
 
-    page = console_page(browser, server_url, account, width=1500, height=1300)
+    page = admin_page(browser, server_url, account, width=1500, height=1300)
     page.get_by_role("tab", name="缓存").click()
     page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=30_000)
     page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
@@ -177,7 +177,7 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
     services.engine.residency.wait_quiet()
     assert aio(services.db.read(db_metrics.customer_hit_rate, since=utcnow() - timedelta(minutes=5))) == answers_before
 
-    page = console_page(browser, server_url, account, **DESKTOP)
+    page = admin_page(browser, server_url, account, **DESKTOP)
     page.get_by_role("tab", name="缓存").click()
     page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
     page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)

@@ -133,7 +133,7 @@ def screenshot(page, name: str) -> None:
     page.screenshot(path=str(OUTPUT_DIR / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
 
 
-def console_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900,
+def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900,
                  locale: str | None = None):
     """A browser page logged in to the console through its login page (in ``locale``, e.g. "zh-CN", when
     given: Gradio's own texts follow the browser's language)."""

@@ -219,13 +219,13 @@ class SecondServer:
     """Another app on the session's engine (no second engine start): its own data dir and settings,
     served by uvicorn on the engine loop. Use as ``with SecondServer(services, engine_loop, tmp_path, ...) as url``."""
 
-    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, *, console_clock=None,
+    def __init__(self, services, loop: asyncio.AbstractEventLoop, data_dir: Path, *, admin_clock=None,
                  wait_ready: bool = True, **overrides):
         """``wait_ready``: entering waits for /healthz's readiness (the start-up warm-up done), else only for the
         server to listen."""
         self.settings = settings_for(data_dir, **overrides)
         self.wait_ready = wait_ready
-        self.console_clock = console_clock  # the time of its console sessions and login delays (a ManualClock)
+        self.admin_clock = admin_clock  # the time of its console sessions and login delays (a ManualClock)
         self.base = services
         self.loop = loop
         self.services = None
@@ -242,7 +242,7 @@ class SecondServer:
 
         with ThreadPoolExecutor(1) as pool:
             self.services = pool.submit(build_services, self.settings, engine=self.base.engine).result()
-        app = self.app = create_app(self.services, console_clock=self.console_clock)
+        app = self.app = create_app(self.services, admin_clock=self.admin_clock)
         self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
         wait_until(lambda: serving(self._server, self._future, self.services, ready=self.wait_ready), 60,

@@ -60,7 +60,7 @@ def test_the_timer_removes_an_export_nobody_follows(tmp_path):
 
 def test_a_servers_exports_go_after_their_time_and_at_shutdown(services, engine_loop, tmp_path):
     clock = ManualClock()
-    server = SecondServer(services, engine_loop, tmp_path / "data", console_clock=clock)
+    server = SecondServer(services, engine_loop, tmp_path / "data", admin_clock=clock)
     with server as url:
         operator(server.services, *ACCOUNT)
         admin = Client(url + "admin/", auth=ACCOUNT, verbose=False, download_files=False)
@@ -71,15 +71,15 @@ def test_a_servers_exports_go_after_their_time_and_at_shutdown(services, engine_
             return Path(file["value"]["path"])
 
         first = export()
-        console_folder = first.parent.parent
+        admin_folder = first.parent.parent
         assert first.read_text(encoding="utf-8").startswith("conversation_id,")
-        assert console_folder.name.startswith("prefixdesk-console-") and first.parent.name.startswith("prefixdesk-export-")
+        assert admin_folder.name.startswith("prefixdesk-console-") and first.parent.name.startswith("prefixdesk-export-")
         clock.advance(EXPORT_TTL_S)
         second = export()
-        assert (first.parent.exists(), second.is_file(), second.parent.parent) == (False, True, console_folder)
+        assert (first.parent.exists(), second.is_file(), second.parent.parent) == (False, True, admin_folder)
         # The template files export the same way: in a folder of their own inside the console's, until its end.
         files = [Path(f["path"]) for f in admin.predict(api_name="/export")]
         assert sorted(f.name for f in files) == sorted(["support-en.txt", "商城通用规则.txt", "服装鞋包.txt",
                                                         "电商客服.txt", "电子产品.txt"])
-        assert {f.parent.parent for f in files} == {console_folder} and len({f.parent for f in files}) == 1
-    assert (second.exists(), files[0].exists(), console_folder.exists()) == (False, False, False)  # nothing left
+        assert {f.parent.parent for f in files} == {admin_folder} and len({f.parent for f in files}) == 1
+    assert (second.exists(), files[0].exists(), admin_folder.exists()) == (False, False, False)  # nothing left

@@ -25,7 +25,7 @@ import time
 import httpx
 
 import admin.access
-from admin.access import DEVICE_COOKIE, HASH_CONCURRENCY, ConsoleAccess
+from admin.access import DEVICE_COOKIE, HASH_CONCURRENCY, AdminAccess
 from tests.helpers.clocks import ManualClock
 from tests.helpers.latency import loop_thread
 from tests.helpers.servers import SecondServer, operator
@@ -43,7 +43,7 @@ def test_a_stranger_guessing_passwords_cannot_lock_the_operator_out(services, en
     stranger, operator_address = "203.0.113.66", "198.51.100.5"
     # The login delays run on a clock of the test's own: a slow moment of this machine lets no delay run out.
     with SecondServer(services, engine_loop, tmp_path, trusted_proxies="127.0.0.1", admin_password=OPERATOR[1],
-                      admin_login_attempts=3, console_clock=ManualClock()) as url:
+                      admin_login_attempts=3, admin_clock=ManualClock()) as url:
         statuses = [login(url, f"guess {i}", stranger).status_code for i in range(3)]
         assert statuses == [401, 401, 401]  # the free attempts (PREFIXDESK_ADMIN_LOGIN_ATTEMPTS=3) ...
         waited = login(url, "guess 3", stranger)  # ... then each further try waits
@@ -64,7 +64,7 @@ def test_a_login_form_posted_from_another_site_is_refused(proxied):
 def test_a_decoy_cookie_does_not_revive_an_expired_session(services, engine_loop, tmp_path):
     clock = ManualClock()
     with SecondServer(services, engine_loop, tmp_path, admin_password="operator passphrase 9",
-                      admin_session_ttl_s=60, console_clock=clock) as url:
+                      admin_session_ttl_s=60, admin_clock=clock) as url:
         r = httpx.post(url + "admin/login", data={"username": "admin", "password": "operator passphrase 9"})
         token = r.cookies["prefixdesk_console"]
         assert httpx.get(url + "admin/config", cookies={"prefixdesk_console": token}).status_code == 200
@@ -235,7 +235,7 @@ def test_the_operators_own_browser_logs_in_ahead_of_fresh_addresses(services, ai
     """Before: every address with no failures had the operator's rank, so 300 addresses with one guess each kept
     the operator's login waiting 28 s. After: the device mark of an earlier login puts it first in the queue."""
     operator(services, *OPERATOR)
-    access = ConsoleAccess(services.db, ttl_s=60, free_attempts=5)
+    access = AdminAccess(services.db, ttl_s=60, free_attempts=5)
     _, mark = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="198.51.100.30"))
     other_mark = aio(access.login(name=OPERATOR[0], password=OPERATOR[1], client="198.51.100.30"))[1]
     flood, rounds = 24, iter(range(10, 20))
