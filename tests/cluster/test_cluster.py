@@ -504,7 +504,7 @@ def test_chats_through_the_cluster_are_stored_with_the_replica_that_answered(clu
 
 
 def test_the_console_shows_both_replicas(cluster_app, cluster, browser, whole):
-    from tests.helpers.browser import admin_page
+    from tests.helpers.browser import admin_page, picture
 
     url, _ = cluster_app
     page = admin_page(browser, url, ("admin", "cluster console 42"), width=1400, height=1000)
@@ -517,7 +517,7 @@ def test_the_console_shows_both_replicas(cluster_app, cluster, browser, whole):
     page.locator("#cache-tree").get_by_text("support-en").filter(visible=True).first.wait_for(timeout=30_000)
     from tests.helpers.servers import OUTPUT_DIR
 
-    page.screenshot(path=str(OUTPUT_DIR / "cache-view-cluster.png"), full_page=True)
+    picture(page, OUTPUT_DIR / "cache-view-cluster.png")
     page.close()
 
 

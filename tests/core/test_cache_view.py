@@ -18,7 +18,7 @@ from app.db import open_database
 from app.db import templates as db_templates
 from app.db.models import Message, utcnow
 from app.db.rows import TtftSplit
-from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, admin_page, resize, screenshot, table_rows
+from tests.helpers.browser import DESKTOP, PHONE, admin_page, assert_tidy, picture, resize, screenshot, table_rows
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import OUTPUT_DIR, collect, operator
 from tests.helpers.waiting import eventually, wait_until
@@ -123,20 +123,20 @@ def test_an_operator_sees_the_live_view_the_tree_and_plots_with_points(services,
 
     page = admin_page(browser, server_url, account, width=1500, height=1300)
     page.get_by_role("tab", name="缓存").click()
-    page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=30_000)
-    page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=30_000)
-    page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=30_000)
-    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=30_000)  # 电子产品 resident
+    page.locator("#cache-numbers").get_by_text("运行中请求占用").wait_for(timeout=120_000)
+    page.locator("#cache-tree").get_by_text("商城通用规则").wait_for(timeout=120_000)
+    page.locator("#cache-tree").get_by_text("电子产品").wait_for(timeout=120_000)
+    page.locator("#cache-tree").get_by_text("电子产品 — 9/9").wait_for(timeout=120_000)  # 电子产品 resident
     for plot in ("#plot-hit-rate", "#plot-kv", "#plot-ttft", "#plot-requests"):
-        page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=30_000)
+        page.locator(f"{plot} canvas, {plot} svg.marks").first.wait_for(timeout=120_000)
     time.sleep(1)  # let the plots draw before the picture
-    page.screenshot(path=str(OUTPUT_DIR / "cache-view.png"), full_page=True)
+    picture(page, OUTPUT_DIR / "cache-view.png")
 
     page.locator("#reset-cache").click()
     page.locator("#reset-cache-confirm").click()
-    page.locator("#reset-status").get_by_text("前缀缓存已重置").wait_for(timeout=30_000)
-    page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=30_000)
-    page.screenshot(path=str(OUTPUT_DIR / "cache-view-after-reset.png"), full_page=True)
+    page.locator("#reset-status").get_by_text("前缀缓存已重置").wait_for(timeout=120_000)
+    page.locator("#cache-tree").get_by_text("前缀缓存为空。").wait_for(timeout=120_000)
+    picture(page, OUTPUT_DIR / "cache-view-after-reset.png")
     page.close()
 
 
@@ -179,14 +179,19 @@ def test_the_cache_page_adds_up_and_its_tree_and_table_show_the_same_numbers(ser
 
     page = admin_page(browser, server_url, account, **DESKTOP)
     page.get_by_role("tab", name="缓存").click()
-    page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=30_000)
-    page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=30_000)
-    page.wait_for_timeout(2500)  # one more refresh: the view of a quiet engine
-    numbers = {k: int(v.replace(",", "")) for k, v in card_values(page).items()
-               if k.startswith("blocks-") and k != "blocks-sum"}
-    snap = services.engine.snapshot().blocks
-    assert numbers == {"blocks-total": snap.usable, "blocks-held": 0, "blocks-evictable": snap.evictable,
-                       "blocks-empty": snap.empty, "blocks-free": snap.free, "blocks-cached": snap.cached}
+    page.locator("#cache-tree").get_by_text("演示流量").wait_for(timeout=120_000)
+    page.locator("#cache-templates [data-testid='cell-4-0']").first.wait_for(timeout=120_000)
+    snap = services.engine.snapshot().blocks  # a quiet engine: its numbers stay as they are
+
+    def numbers_shown() -> dict[str, int]:
+        return {k: int(v.replace(",", "")) for k, v in card_values(page).items()
+                if k.startswith("blocks-") and k != "blocks-sum"}
+
+    # The view refreshes on its own timer: once it has drawn the quiet engine, every figure is the engine's.
+    expected = {"blocks-total": snap.usable, "blocks-held": 0, "blocks-evictable": snap.evictable,
+                "blocks-empty": snap.empty, "blocks-free": snap.free, "blocks-cached": snap.cached}
+    wait_until(lambda: numbers_shown() == expected, 120, lambda: f"the view to show {expected}: {numbers_shown()}")
+    numbers = numbers_shown()
     assert numbers["blocks-total"] == numbers["blocks-held"] + numbers["blocks-evictable"] + numbers["blocks-empty"]
     assert numbers["blocks-free"] == numbers["blocks-empty"] + numbers["blocks-evictable"]
     assert card_values(page)["blocks-sum"] == f"0 + {snap.evictable:,} + {snap.empty:,}"

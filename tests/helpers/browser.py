@@ -127,10 +127,18 @@ def above_the_fold(page, selector: str) -> bool:
             and box["y"] + box["height"] <= size["height"])
 
 
+SCREENSHOT_TIMEOUT_MS = 180_000  # a picture, not a check: a whole live page on a busy 2-core machine takes its time
+
+
 def screenshot(page, name: str) -> None:
     """test-output/<name>-<width>.png, the whole page."""
+    picture(page, OUTPUT_DIR / f"{name}-{page.viewport_size['width']}.png")
+
+
+def picture(page, path) -> None:
+    """The whole page at ``path`` (test-output/), however long a busy machine takes to draw it."""
     OUTPUT_DIR.mkdir(exist_ok=True)
-    page.screenshot(path=str(OUTPUT_DIR / f"{name}-{page.viewport_size['width']}.png"), full_page=True)
+    page.screenshot(path=str(path), full_page=True, timeout=SCREENSHOT_TIMEOUT_MS)
 
 
 def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900,
