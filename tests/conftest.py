@@ -112,8 +112,32 @@ def browser(services):
     OUTPUT_DIR.mkdir(exist_ok=True)
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield browser
+        yield PatientBrowser(browser)
         browser.close()
+
+
+PATIENCE_MS = 90_000  # a wait that names no timeout, on a 2-core machine with two busy loops beside the suite
+
+
+class PatientBrowser:
+    """The browser, whose pages and contexts wait PATIENCE_MS where a call names no timeout (Playwright's own
+    30 s ran out for a plain locator on a machine starved by other work: a wait is for a state, not a time)."""
+
+    def __init__(self, browser):
+        self._browser = browser
+
+    def __getattr__(self, name):
+        return getattr(self._browser, name)
+
+    def new_context(self, **options):
+        context = self._browser.new_context(**options)
+        context.set_default_timeout(PATIENCE_MS)
+        return context
+
+    def new_page(self, **options):
+        page = self._browser.new_page(**options)
+        page.set_default_timeout(PATIENCE_MS)
+        return page
 
 
 @pytest.fixture(scope="session")

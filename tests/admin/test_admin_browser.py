@@ -60,31 +60,31 @@ def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
 def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(browser, server_url, services, account,
                                                                                template, block_size):
     page = admin_page(browser, server_url, account, **DESKTOP)
-    page.locator("#templates-table").get_by_text(template, exact=True).last.wait_for(timeout=30_000)
+    page.locator("#templates-table").get_by_text(template, exact=True).last.wait_for(timeout=90_000)
     picker = page.locator("#edit-template input")
     picker.fill(template)
     picker.press("Enter")
     page.wait_for_function("t => document.querySelector('#template-text textarea').value === t", arg=TEXT,
-                           timeout=30_000)
+                           timeout=90_000)
     info = page.locator("#template-info")
     assert info.inner_text() == "父模板：— · 语言：en · 已发布：v1 · 版本：v1 (seed)"
 
     page.locator("#template-text textarea").fill(EDITED)
-    page.locator("#preview").get_by_text("个完整 KV 块", exact=False).wait_for(timeout=30_000)
+    page.locator("#preview").get_by_text("个完整 KV 块", exact=False).wait_for(timeout=90_000)
     page.locator("#save").click()
     status = page.locator("#template-status")
-    status.get_by_text(f"已将 '{template}' 保存为版本 2（尚未发布）。", exact=True).wait_for(timeout=30_000)
+    status.get_by_text(f"已将 '{template}' 保存为版本 2（尚未发布）。", exact=True).wait_for(timeout=90_000)
     # The diff's version lists know the new version at once, without reopening the template.
     assert (page.locator("#diff-a input").input_value(), page.locator("#diff-b input").input_value()) == ("1", "2")
     page.locator("#diff").click()
-    page.locator("#diff-summary").get_by_text("第一个不同的 token").wait_for(timeout=30_000)
+    page.locator("#diff-summary").get_by_text("第一个不同的 token").wait_for(timeout=90_000)
     ids_a, ids_b = (services.prompts.prefix_ids(system_text((x,))) for x in (TEXT, EDITED))
     first = common_prefix_len(ids_a, ids_b)
     assert page.locator("#diff-summary").inner_text().startswith(
         f"第一个不同的 token：{first}（共 {len(ids_a)} / {len(ids_b)}）")
 
     page.locator("#publish").click()  # the version just saved
-    page.wait_for_function("document.querySelector('#template-status').innerText.startsWith('已发布')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#template-status').innerText.startsWith('已发布')", timeout=120_000)
     prefix = len(services.prompts.prefix_ids(system_text((EDITED,))))
     assert (prefix, full_blocks(prefix, block_size)) == (265, 256)  # 8 full blocks of 32, 9 tokens recomputed
     assert re.fullmatch(rf"已发布 '{template}'：v1 → v2。预热用时 \d+ ms：前缀 265 个 token 中有 256 个已缓存。",
@@ -93,7 +93,7 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     assert services.catalog.get(template).version_number == 2  # the chat uses it now
 
     page.locator("#pinned input").check()
-    status.get_by_text(f"'{template}' 已设为常驻：后台保持预热。", exact=True).wait_for(timeout=30_000)
+    status.get_by_text(f"'{template}' 已设为常驻：后台保持预热。", exact=True).wait_for(timeout=90_000)
     assert services.catalog.get(template).pinned
     assert_tidy(page)
 
@@ -102,7 +102,7 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     warm_picker.fill(template)
     warm_picker.press("Enter")
     page.locator("#warm").click()
-    page.locator("#warm-summary").get_by_text("已预热 1 个模板", exact=False).wait_for(timeout=60_000)
+    page.locator("#warm-summary").get_by_text("已预热 1 个模板", exact=False).wait_for(timeout=120_000)
     rows = table_rows(page, "#warm-results")
     assert [r[:4] for r in rows] == [[template, "265", "256", "256"]]  # it was warm already: publish warmed it
     assert re.fullmatch(r"\d+(\.\d+)?", rows[0][4])  # milliseconds, not a raw value
@@ -110,7 +110,7 @@ def test_an_operator_edits_publishes_pins_warms_and_finds_it_in_the_audit_log(br
     assert_tidy(page)
 
     open_tab(page, "audit")
-    page.locator("#audit-table").get_by_text(template).last.wait_for(timeout=30_000)
+    page.locator("#audit-table").get_by_text(template).last.wait_for(timeout=90_000)
     audit = table_rows(page, "#audit-table")
     pins = [r[1:] for r in audit if r[2:4] == ["设为常驻", template]]
     assert pins == [[OPERATOR[0], "设为常驻", template, "常驻", "否", "是"]]  # the zh console's words
@@ -130,13 +130,13 @@ def test_admin_without_slash_leads_to_the_login_and_logout_ends_the_session_in_t
     page.locator("#password").fill(account[1])
     page.locator("button[type=submit]").click()
     page.wait_for_url(server_url + "admin/")
-    page.locator("#templates-table").wait_for(timeout=60_000)
+    page.locator("#templates-table").wait_for(timeout=120_000)
     (cookie,) = [c["value"] for c in page.context.cookies() if c["name"] == SESSION_COOKIE]
     config = server_url + "admin/config"
     assert httpx.get(config, headers={"Cookie": f"{SESSION_COOKIE}={cookie}"}).status_code == 200
 
     page.locator("#logout").click()
-    page.wait_for_url(server_url + "admin/login", timeout=30_000)
+    page.wait_for_url(server_url + "admin/login", timeout=90_000)
     assert len(page.context.pages) == 1  # the same tab, no new one
     assert page.locator("button[type=submit]").inner_text() == "登录"
     assert httpx.get(config, headers={"Cookie": f"{SESSION_COOKIE}={cookie}"}).status_code == 401
@@ -164,7 +164,7 @@ def test_the_console_speaks_the_ui_language(browser, request, server_url, accoun
     assert [tabs.nth(i).inner_text() for i in range(tabs.count())] == [t[f"tab_{tab}"] for tab in TABS]
     assert page.locator("#logout").inner_text() == t["logout"]
     page.locator("#pd-user").get_by_text(t["logged_in_as"].format(user=login[0]).replace("**", ""),
-                                         exact=True).wait_for(timeout=30_000)
+                                         exact=True).wait_for(timeout=90_000)
     screenshot(page, f"admin-{language}")
     page.close()
 
@@ -175,7 +175,7 @@ def test_a_wrong_password_keeps_the_name_and_never_the_password(browser, server_
     page.locator("#username").fill(account[0])
     page.locator("#password").fill("not the password 1")
     page.locator("button[type=submit]").click()
-    page.locator("p.notice").wait_for(timeout=30_000)
+    page.locator("p.notice").wait_for(timeout=90_000)
     assert page.locator("p.notice").inner_text() == "用户名或密码错误。"
     assert (page.locator("#username").input_value(), page.locator("#password").input_value()) == (account[0], "")
     assert "not the password 1" not in page.content()
@@ -203,7 +203,7 @@ def test_the_cache_tab_fits_a_phone_and_its_numbers_are_readable(browser, server
     page = admin_page(browser, server_url, account, **PHONE)
     assert_tidy(page)
     open_tab(page, "cache")
-    page.locator("#cache-tree li").first.wait_for(timeout=30_000)
+    page.locator("#cache-tree li").first.wait_for(timeout=90_000)
     assert_tidy(page)
     # Every number sits inside its card, clear of its label: nothing cut off at the card's edge.
     rows = page.locator("#cache-numbers .pd-row").evaluate_all("""rows => rows.map(row => {

@@ -89,10 +89,10 @@ def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(bro
     assert page.locator("#demo-question-warm textarea").input_value() == zh_warm
     screenshot(page, "demo-before")
     page.locator("#demo-run").click()
-    page.locator("#demo-cold").get_by_text("个来自缓存").wait_for(timeout=60_000)
-    page.locator("#demo-headline").get_by_text("缓存前缀让首 token 快了").wait_for(timeout=60_000)
+    page.locator("#demo-cold").get_by_text("个来自缓存").wait_for(timeout=120_000)
+    page.locator("#demo-headline").get_by_text("缓存前缀让首 token 快了").wait_for(timeout=120_000)
     prefix = len(services.catalog.prefix_ids("电商客服"))
-    page.locator("#demo-warm").get_by_text("个来自缓存").wait_for(timeout=60_000)
+    page.locator("#demo-warm").get_by_text("个来自缓存").wait_for(timeout=120_000)
     assert f"中 {full_blocks(prefix, block_size)} 个来自缓存" in page.locator("#demo-warm").inner_text()
     for slider, value in (("#ab-rounds", "3"), ("#ab-per-round", "2")):
         page.locator(f"{slider} input[type=number]").fill(value)
@@ -107,7 +107,7 @@ def test_an_operator_presents_cold_vs_warm_the_ab_and_a_reset_in_the_browser(bro
     shown = page.evaluate("window.abTexts")
     rounds = sorted({m.group(0) for text in shown for m in re.finditer(r"第 \d / 3 轮", text)})
     assert rounds == ["第 1 / 3 轮", "第 2 / 3 轮", "第 3 / 3 轮"], shown  # round k of n, as they ran
-    page.locator("#ab-plot canvas, #ab-plot svg.marks").first.wait_for(timeout=30_000)
+    page.locator("#ab-plot canvas, #ab-plot svg.marks").first.wait_for(timeout=90_000)
     page.wait_for_timeout(1000)
     assert_tidy(page)
     screenshot(page, "demo-after")

@@ -24,12 +24,12 @@ def test_an_operator_titles_a_topic_and_suggests_its_questions(browser, server_u
     chat = open_chat(browser, server_url, DESKTOP)  # opened before the change
 
     page = admin_page(browser, server_url, account, **DESKTOP)
-    page.locator("#templates-table").get_by_text(name, exact=True).last.wait_for(timeout=30_000)
+    page.locator("#templates-table").get_by_text(name, exact=True).last.wait_for(timeout=90_000)
     picker = page.locator("#edit-template input")
     picker.fill(name)
     picker.press("Enter")
     page.wait_for_function("t => document.querySelector('#template-text textarea').value.startsWith(t)", arg=name,
-                           timeout=30_000)
+                           timeout=90_000)
     page.locator("#template-presentation").get_by_text("顾客看到的内容").click()
     title, examples = page.locator("#template-title textarea"), page.locator("#template-examples textarea")
     title.wait_for(timeout=10_000)
@@ -37,14 +37,14 @@ def test_an_operator_titles_a_topic_and_suggests_its_questions(browser, server_u
     status = page.locator("#template-status")
     examples.fill("\n".join(f"问题{i}？" for i in range(5)))
     page.locator("#present").click()
-    status.get_by_text("⛔", exact=False).wait_for(timeout=30_000)
+    status.get_by_text("⛔", exact=False).wait_for(timeout=90_000)
     assert "共 5 个推荐问题；空白对话最多显示 4 个。请只保留最好的几个。" in status.inner_text()  # the zh console's words
     assert services.catalog.get(name).examples == ()  # nothing written
 
     title.fill("退换货")
     examples.fill("七天能退吗？\n\n运费谁出？")
     page.locator("#present").click()
-    status.get_by_text(f"已保存 '{name}' 对顾客显示的内容", exact=False).wait_for(timeout=30_000)
+    status.get_by_text(f"已保存 '{name}' 对顾客显示的内容", exact=False).wait_for(timeout=90_000)
     assert (services.catalog.get(name).title, services.catalog.get(name).examples) == ("退换货", ("七天能退吗？", "运费谁出？"))
     assert_tidy(page)
     screenshot(page, "console-presentation")

@@ -79,7 +79,7 @@ def wait_for_list(page, ids: list[str]) -> None:
         const cells = [...document.querySelectorAll('#conv-table [data-testid^="cell-"]')]
             .filter(c => /^cell-\\d+-0$/.test(c.dataset.testid));
         const shown = [...new Set(cells.map(c => c.innerText.trim()))];
-        return JSON.stringify(shown) === JSON.stringify(ids); }""", arg=ids, timeout=30_000)
+        return JSON.stringify(shown) === JSON.stringify(ids); }""", arg=ids, timeout=90_000)
 
 
 READ_ONLY_JS = """() => {
@@ -125,7 +125,7 @@ def test_an_operator_follows_a_thumbs_down_to_its_transcript_and_the_version_tha
     assert (row[0], row[1], row[2], row[3], row[6], row[7], row[8], row[9]) == (
         str(answered.conversation_id), "", template, "v1", "正常", "", "1", "2")
     page.locator("#conv-table [data-testid='cell-0-0']").first.click()  # open it from the list
-    page.locator("#conv-transcript .pd-msg").nth(1).wait_for(timeout=30_000)
+    page.locator("#conv-transcript .pd-msg").nth(1).wait_for(timeout=90_000)
     # A click opens the row: the list is read, not edited — no frame of an edited cell, no select-row/column arrows.
     assert page.evaluate(READ_ONLY_JS) == {"selectionButtons": 0, "cellMenus": 0, "frame": "none"}
     resize(page, PHONE)  # and each header keeps to one line on a phone (编号 broke into 编/号, 由谁回答 into four)
@@ -163,12 +163,12 @@ def test_a_live_split_shows_its_arms_diverge_and_is_promoted_in_one_click(page, 
     tab(page, "versions")
     pick(page, "#ver-template", template)
     page.locator("#ver-refresh").click()
-    page.locator("#ver-table [data-testid='cell-1-0']").first.wait_for(timeout=30_000)
+    page.locator("#ver-table [data-testid='cell-1-0']").first.wait_for(timeout=90_000)
     pick(page, "#ver-candidate", "2")
     page.locator("#ver-share input[type=number]").fill("50")
     page.locator("#ver-share input[type=number]").press("Tab")
     page.locator("#ver-start").click()
-    page.locator("#ver-status").get_by_text("现在获得 50% 的新对话").wait_for(timeout=60_000)
+    page.locator("#ver-status").get_by_text("现在获得 50% 的新对话").wait_for(timeout=120_000)
     published, candidate = services.catalog.get(template), services.catalog.candidate(template)
     assert (published.version_number, candidate.version_number, published.candidate_share) == (1, 2, 0.5)
     # The candidate was warmed like a publish: its whole prefix is in the cache before its first customer.
@@ -195,9 +195,9 @@ def test_a_live_split_shows_its_arms_diverge_and_is_promoted_in_one_click(page, 
     at_both_widths(page, "split-running")
 
     page.locator("#ver-promote").click()
-    page.locator("#ver-status").get_by_text("v2 已发布给每一段新对话（原为 v1）").wait_for(timeout=30_000)
+    page.locator("#ver-status").get_by_text("v2 已发布给每一段新对话（原为 v1）").wait_for(timeout=90_000)
     assert services.catalog.get(template).version_number == 2 and services.catalog.candidate(template) is None
-    page.locator("#ver-split").get_by_text("没有实时分流").wait_for(timeout=30_000)
+    page.locator("#ver-split").get_by_text("没有实时分流").wait_for(timeout=90_000)
     entries = [(e.action, e.field, e.before, e.after) for e in services.db.run(db_audit.recent, limit=4)
                if e.target == template]
     assert entries == [("promote candidate", "candidate version", "2", None),
@@ -232,11 +232,11 @@ def test_a_customer_who_asked_for_a_person_is_listed_first_and_answered_by_one(p
     search(page, marker, status="全部")
     wait_for_list(page, [str(cid)])
     page.locator("#conv-table [data-testid='cell-0-0']").first.click()
-    page.locator("#conv-headline").get_by_text("已等待").wait_for(timeout=30_000)
+    page.locator("#conv-headline").get_by_text("已等待").wait_for(timeout=90_000)
     screenshot(page, "person-waiting")
 
     page.locator("#conv-take").click()
-    page.locator("#conv-status-line").get_by_text(f"你已接入对话 {cid}").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text(f"你已接入对话 {cid}").wait_for(timeout=90_000)
     wait_for_text(page, "#conv-headline", re.compile("^" + re.escape(f"对话 {cid} · {template} v")))
     assert f"由 {OPERATOR[0]} 接待" in page.locator("#conv-headline").inner_text()
     # The customer writes while the person has it: stored, and the model does not answer.
@@ -244,7 +244,7 @@ def test_a_customer_who_asked_for_a_person_is_listed_first_and_answered_by_one(p
     assert (during.handoff, during.message.status) == ("person", WITH_PERSON)
     page.locator("#conv-reply textarea").fill("Hello, this is a person. Your order ships today.")
     page.locator("#conv-send-reply").click()
-    page.locator("#conv-status-line").get_by_text(f"回复已存入对话 {cid}").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text(f"回复已存入对话 {cid}").wait_for(timeout=90_000)
     polled = aio(services.desk.messages_after(session_key=SESSION, conversation_id=cid, after_id=during.message.id))
     assert [(m.role, m.author, m.text) for m in polled] == [
         ("assistant", OPERATOR[0], "Hello, this is a person. Your order ships today.")]
@@ -252,18 +252,18 @@ def test_a_customer_who_asked_for_a_person_is_listed_first_and_answered_by_one(p
     assert f"{OPERATOR[0]}（人工）" in person.locator(".pd-who").inner_text()
 
     page.reload()  # nothing is lost when the operator's page reloads: the state is the database's
-    page.locator("#templates-table").wait_for(timeout=60_000)
+    page.locator("#templates-table").wait_for(timeout=120_000)
     tab(page, "conversations")
     page.locator("#conv-open-id input").fill(str(cid))
     page.locator("#conv-open").click()
-    page.locator("#conv-headline").get_by_text(f"由 {OPERATOR[0]} 接待").wait_for(timeout=30_000)
+    page.locator("#conv-headline").get_by_text(f"由 {OPERATOR[0]} 接待").wait_for(timeout=90_000)
     texts = [x.inner_text() for x in page.locator("#conv-transcript .pd-msg .pd-text").all()]
     assert texts[-3:] == [f"Still waiting ({marker})", "Thank you for taking it",
                           "Hello, this is a person. Your order ships today."]
     at_both_widths(page, "person-answered")
 
     page.locator("#conv-release").click()
-    page.locator("#conv-status-line").get_by_text(f"对话 {cid} 重新由模型回答").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text(f"对话 {cid} 重新由模型回答").wait_for(timeout=90_000)
     back = ask(aio, services, template, "One more question for the model", conversation_id=cid)
     assert (back.handoff, back.message.status, back.message.author) == ("", "ok", "")
     actions = [(e.action, e.user) for e in db.run(db_audit.recent, limit=3) if e.target == str(cid)]
@@ -285,27 +285,27 @@ def test_hidden_transcripts_keep_the_list_and_leave_the_texts_out_of_view_and_ex
     m = ask(aio, services, template, f"My address is {marker}").message
     tab(page, "conversations")
     page.locator("#conv-hide input").check()
-    page.locator("#conv-status-line").get_by_text("对话内容已隐藏").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text("对话内容已隐藏").wait_for(timeout=90_000)
     assert services.db.run(db_review.get_option, name="hide_transcripts") == "yes"
     page.locator("#conv-open-id input").fill(str(m.conversation_id))
     page.locator("#conv-open").click()
-    page.locator("#conv-transcript .pd-msg.hidden").first.wait_for(timeout=30_000)
+    page.locator("#conv-transcript .pd-msg.hidden").first.wait_for(timeout=90_000)
     assert marker not in page.locator("#conv-transcript").inner_text()
     assert {x.inner_text() for x in page.locator("#conv-transcript .pd-text").all()} == {"（已隐藏）"}
     assert "提示" in page.locator("#conv-transcript .pd-stats").inner_text()  # the numbers stay
     search(page, "")  # the list keeps its rows; titles are hidden
-    page.locator("#conv-table [data-testid='cell-0-0']").first.wait_for(timeout=30_000)
+    page.locator("#conv-table [data-testid='cell-0-0']").first.wait_for(timeout=90_000)
     assert marker not in page.locator("#conv-table").inner_text()
     page.locator("#conv-export").click()
-    page.locator("#conv-status-line").get_by_text("正文未导出").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text("正文未导出").wait_for(timeout=90_000)
     link = page.locator("#conv-exported a").first
-    link.wait_for(timeout=30_000)
+    link.wait_for(timeout=90_000)
     body = page.request.get(link.get_attribute("href")).text()
     rows = list(csv.DictReader(io.StringIO(body)))
     assert marker not in body and "text" not in rows[0] and {r["conversation_id"] for r in rows} >= {
         str(m.conversation_id)}
     screenshot(page, "review-hidden")
     page.locator("#conv-hide input").uncheck()
-    page.locator("#conv-status-line").get_by_text("对话内容已显示").wait_for(timeout=30_000)
+    page.locator("#conv-status-line").get_by_text("对话内容已显示").wait_for(timeout=90_000)
     entries = [(e.field, e.before, e.after) for e in services.db.run(db_audit.recent, limit=2)]
     assert entries == [("hide_transcripts", "yes", "no"), ("hide_transcripts", "no", "yes")]

@@ -63,7 +63,7 @@ def asked_ago(aio, app, conversation_id: int, minutes: int) -> None:
 
 
 def wait_title(page, title: str) -> None:
-    page.wait_for_function("(title) => document.title === title", arg=title, timeout=60_000)
+    page.wait_for_function("(title) => document.title === title", arg=title, timeout=120_000)
 
 
 def checks(page) -> int:
@@ -84,13 +84,13 @@ def test_a_customer_who_asks_for_a_person_calls_the_console(browser, aio, queue_
     page.locator("#password").fill(account[1])
     page.locator("button[type=submit]").click()
     page.wait_for_url(url + "admin/")
-    page.wait_for_function("() => window.pdQueue && window.pdQueue.operator", timeout=60_000)  # the load's check
+    page.wait_for_function("() => window.pdQueue && window.pdQueue.operator", timeout=120_000)  # the load's check
     assert page.title() == t["title"]  # nobody waits
     assert page.locator("#pd-queue").inner_text().strip() == ""
     page.evaluate(COUNT_JS)
 
     page.locator("#pd-notify input").check()  # the operator's click: the page asks for notifications
-    page.wait_for_function("() => window.__pdAsked === 1", timeout=30_000)
+    page.wait_for_function("() => window.__pdAsked === 1", timeout=90_000)
     assert page.evaluate(f"localStorage.getItem('prefixdesk-notify:{OPERATOR[0]}')") == "on"
 
     first = waiting_customer(aio, app, "customer-queue-1")
@@ -99,7 +99,7 @@ def test_a_customer_who_asks_for_a_person_calls_the_console(browser, aio, queue_
     assert page.evaluate("window.__pdNotices") == [
         [t["queue_notice_title"], t["queue_notice_body"].format(id=first), f"prefixdesk-{first}"]]
     seen = checks(page)
-    page.wait_for_function(f"() => window.pdQueue.checks >= {seen + 2}", timeout=60_000)  # two more checks
+    page.wait_for_function(f"() => window.pdQueue.checks >= {seen + 2}", timeout=120_000)  # two more checks
     assert (page.title(), page.evaluate("window.pdQueue.chimes"), len(page.evaluate("window.__pdNotices"))) == (
         f"(1) {t['title']}", 1, 1)  # the same customer does not call again
 
@@ -114,7 +114,7 @@ def test_a_customer_who_asks_for_a_person_calls_the_console(browser, aio, queue_
                         t["queue_item"].format(id=first, wait=t["queue_minutes"].format(m=3))])
     expected = t["queue_line"].format(n=2, items=items).replace("**", "")
     page.wait_for_function("(line) => document.querySelector('#pd-queue').innerText.trim() === line",
-                           arg=expected, timeout=30_000)
+                           arg=expected, timeout=90_000)
     assert_tidy(page)
     screenshot(page, "console-queue")
 
@@ -123,7 +123,7 @@ def test_a_customer_who_asks_for_a_person_calls_the_console(browser, aio, queue_
     assert (page.evaluate("window.pdQueue.chimes"), len(page.evaluate("window.__pdNotices"))) == (2, 2)
 
     page.reload()  # the choice is this operator's in this browser: still on after a reload
-    page.wait_for_function("() => window.pdQueue && window.pdQueue.operator", timeout=60_000)
-    page.wait_for_function("() => document.querySelector('#pd-notify input').checked", timeout=30_000)
+    page.wait_for_function("() => window.pdQueue && window.pdQueue.operator", timeout=120_000)
+    page.wait_for_function("() => document.querySelector('#pd-notify input').checked", timeout=90_000)
     assert page.title() == f"(1) {t['title']}"
     context.close()

@@ -151,7 +151,7 @@ def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int
     page.locator("#password").fill(account[1])
     page.locator("button[type=submit]").click()
     page.wait_for_url(server_url + "admin/")
-    page.locator("#templates-table").wait_for(timeout=60_000)
+    page.locator("#templates-table").wait_for(timeout=120_000)
     return page
 
 
@@ -164,7 +164,7 @@ def open_tab(page, tab: str, label: str, ready: str) -> None:
     else:
         page.locator("button[aria-label='More tabs']").click()
         page.locator(".overflow-dropdown button").filter(has_text=label).click()
-    page.locator(ready).first.wait_for(timeout=30_000)
+    page.locator(ready).first.wait_for(timeout=90_000)
 
 
 def table_rows(page, selector: str) -> list[list[str]]:

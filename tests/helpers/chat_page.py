@@ -74,7 +74,7 @@ def open_chat(browser, url: str, viewport: dict = DESKTOP, *, page=None):
 
 def wait_ready(page, viewport: dict = DESKTOP) -> None:
     # Ready once the page's script runs and the load event has filled the template picker.
-    page.wait_for_function(READY, timeout=30_000)
+    page.wait_for_function(READY, timeout=90_000)
     if viewport["width"] <= 640:  # a phone's sidebar starts closed: wait until it has slid away
         page.wait_for_function("document.querySelector('#pd-sidebar').getBoundingClientRect().right <= 0")
 

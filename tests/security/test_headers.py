@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.helpers.servers import operator
+from tests.helpers.waiting import wait_until
 
 ACCOUNT = ("op-headers", "operator headers 31")
 
@@ -111,13 +112,13 @@ def test_the_chat_and_the_console_work_under_the_policy_and_load_nothing_remote(
     context.on("requestfinished", lambda request: requests.append(request.url))  # a blocked one never finishes
     page = context.new_page()
     page.goto(server_url)
-    page.locator("#message textarea").wait_for(timeout=30_000)
+    page.locator("#message textarea").wait_for(timeout=90_000)
     page.wait_for_timeout(1000)  # the load event fills the template picker (locators only: no eval under the CSP)
     page.locator("#message textarea").fill("价格保护怎么申请？")
     page.locator("#message textarea").press("Enter")
-    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=60_000)  # answered, captioned
+    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=120_000)  # answered, captioned
     page.evaluate(f"() => {{ const i = new Image(); i.src = '{remote}/beacon.gif'; document.body.append(i); }}")
-    page.wait_for_timeout(500)
+    wait_until(lambda: violations(page), 60, "the browser to report the blocked image")  # reported, not timed
     assert violations(page) == [f"img-src {remote}/beacon.gif"]
 
     operator(services, *ACCOUNT)
@@ -128,11 +129,11 @@ def test_the_chat_and_the_console_work_under_the_policy_and_load_nothing_remote(
     console.locator("#username").fill(ACCOUNT[0])
     console.locator("#password").fill(ACCOUNT[1])
     console.locator("button[type=submit]").click()
-    console.locator("#templates-table").wait_for(timeout=60_000)
+    console.locator("#templates-table").wait_for(timeout=120_000)
     for tab, ready in (("warmup", "#warm"), ("cache", "#cache-numbers .pd-card"), ("demo", "#demo-run"),
                        ("audit", "#audit-table")):
         console.locator(f"[role=tab][data-tab-id={tab}]").click()
-        console.locator(ready).first.wait_for(timeout=30_000)
+        console.locator(ready).first.wait_for(timeout=90_000)
     console.wait_for_timeout(2500)  # the cache tab's plots draw (Vega) and refresh every 2 s
     assert violations(console) == []
     assert asked == []

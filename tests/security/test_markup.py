@@ -25,7 +25,7 @@ def open_chat(browser, url: str):
     remote: list[str] = []
     page.on("request", lambda r: remote.append(r.url) if REMOTE in r.url else None)
     page.goto(url)
-    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=30_000)
+    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=90_000)
     return page, remote
 
 
@@ -34,14 +34,14 @@ def test_markup_in_a_message_is_shown_as_text_and_fetches_nothing(browser, serve
     message = f"{MARKUP} {uuid.uuid4().hex[:6]}"
     page.locator("#message textarea").fill(message)
     page.locator("#send").click()
-    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=60_000)
+    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=120_000)
     assert page.locator("#chatbot [data-testid=user]").inner_text() == message  # as typed, line breaks and all
     assert page.locator(DRAWN).count() == 0
     # Reopened from the history (its title is the message's start), the stored conversation reads the same.
     page.reload()
-    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=30_000)
+    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=90_000)
     page.locator("#conversations label").first.click()
-    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=30_000)
+    page.locator("#chatbot .message.bot .thought-group").first.wait_for(timeout=90_000)
     assert page.locator("#chatbot [data-testid=user]").inner_text() == message
     assert page.locator(DRAWN).count() == 0
     page.wait_for_timeout(500)  # time for an image that was drawn after all to be asked for

@@ -59,14 +59,14 @@ def test_a_template_named_with_markup_fetches_nothing_in_the_console(browser, se
     page.locator("#password").fill(ACCOUNT[1])
     page.locator("button[type=submit]").click()
     table = page.locator("#templates-table")
-    table.get_by_text(names[0], exact=True).last.wait_for(timeout=60_000)  # the name, shown as text
+    table.get_by_text(names[0], exact=True).last.wait_for(timeout=120_000)  # the name, shown as text
     for name in names:
         edit = page.locator("#edit-template input")
         edit.fill(name)
         edit.press("Enter")
-        page.locator("#template-info").get_by_text("v1").first.wait_for(timeout=30_000)
+        page.locator("#template-info").get_by_text("v1").first.wait_for(timeout=90_000)
         page.locator("#save").click()  # the status line names the template
-        page.locator("#template-status").get_by_text(name, exact=False).wait_for(timeout=30_000)
+        page.locator("#template-status").get_by_text(name, exact=False).wait_for(timeout=90_000)
     page.locator("[role=tab][data-tab-id=warmup]").click()
     page.locator("#warm").click()  # warm all: the summary and the rows name every template
     page.locator("#warm-results").get_by_text(names[1], exact=True).last.wait_for(timeout=120_000)
@@ -74,7 +74,7 @@ def test_a_template_named_with_markup_fetches_nothing_in_the_console(browser, se
         page.locator(f"[role=tab][data-tab-id={tab}]").click()
         page.wait_for_timeout(2500)
     page.locator("[role=tab][data-tab-id=audit]").click()
-    page.locator("#audit-table").get_by_text(names[0], exact=True).last.wait_for(timeout=30_000)
+    page.locator("#audit-table").get_by_text(names[0], exact=True).last.wait_for(timeout=90_000)
     assert page.locator(f"img[src^='{remote}']").count() == 0
     assert [u for u in requests if u.startswith(remote)] == []
     assert asked == []

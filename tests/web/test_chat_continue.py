@@ -37,12 +37,12 @@ def test_continue_goes_on_with_a_cut_off_answer_as_the_same_answer(browser, shor
     url, db = short_answers
     page = open_chat(browser, url, viewport)
     question = f"请详细介绍退货流程 {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     (user, answer) = conversation(db, question)
     assert (answer["status"], answer["finish_reason"]) == ("ok", "length")
-    caption(page, 0).filter(has_text="回答较长，已截断").wait_for(timeout=30_000)
+    caption(page, 0).filter(has_text="回答较长，已截断").wait_for(timeout=90_000)
     go_on = page.locator("#continue")
-    go_on.wait_for(state="visible", timeout=30_000)
+    go_on.wait_for(state="visible", timeout=90_000)
     assert_tidy(page)
     screenshot(page, "chat-cut-off")
 
@@ -53,7 +53,7 @@ def test_continue_goes_on_with_a_cut_off_answer_as_the_same_answer(browser, shor
     assert [r["id"] for r in conversation(db, question)] == [user["id"], answer["id"]]  # no new rows
     page.wait_for_function("([n, length]) => { const g = document.querySelectorAll('#chatbot .message.bot');"
                            " return g.length === n && g[n - 1].querySelector('.thought-group')"
-                           " && g[n - 1].innerText.length > length; }", arg=[1, len(answer["text"])], timeout=30_000)
+                           " && g[n - 1].innerText.length > length; }", arg=[1, len(answer["text"])], timeout=90_000)
     assert page.locator(ANSWERS).count() == 1
     assert page.locator("#chatbot [data-testid=user]").count() == 1
     assert faults(page) == []
@@ -65,12 +65,12 @@ def test_continue_is_not_offered_while_a_person_has_the_conversation(browser, sh
     url, db = short_answers
     page = open_chat(browser, url, PHONE)
     question = f"我要投诉，订单一直没发货 {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
-    page.locator("#continue").wait_for(state="visible", timeout=30_000)  # a cut-off answer may go on
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
+    page.locator("#continue").wait_for(state="visible", timeout=90_000)  # a cut-off answer may go on
     page.locator("#person").click()
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=30_000)
-    page.locator("#continue").wait_for(state="hidden", timeout=30_000)
+                           timeout=90_000)
+    page.locator("#continue").wait_for(state="hidden", timeout=90_000)
     buttons = [page.locator(s).bounding_box() for s in ("#send", "#stop", "#retry")]
     assert len({round(b["y"]) for b in buttons}) == 1  # the composer's buttons share one line on a phone
     assert all(b["x"] + b["width"] <= PHONE["width"] for b in buttons)

@@ -31,7 +31,7 @@ def test_copy_gives_the_answer_without_its_caption(browser, server_url, db, serv
 
     question = f"包裹什么时候发货？{tag()}"
     first = ask(page, question, watch=False)
-    caption(page, first).wait_for(timeout=60_000)
+    caption(page, first).wait_for(timeout=120_000)
     rows = conversation(db, question)
     answer = rows[1]
     title = caption(page, first).inner_text().strip()
@@ -39,24 +39,24 @@ def test_copy_gives_the_answer_without_its_caption(browser, server_url, db, serv
     details = page.locator("#chatbot .message.bot").nth(first).locator(".thought-group .content").inner_text().strip()
     assert title and details  # what a copy must leave out
     page.locator(COPY).nth(1).click()  # the question's, then the answer's
-    page.wait_for_function(f"async () => (await {clipboard}.readText()).length > 0", timeout=30_000)
+    page.wait_for_function(f"async () => (await {clipboard}.readText()).length > 0", timeout=90_000)
     copied = page.evaluate(f"{clipboard}.readText()")
     assert title not in copied and details not in copied and "秒" not in copied and "UTC" not in copied
     assert copied.strip() and copied == copied.strip()
 
     # A person's reply, whose text the test chose: copied exactly as the customer reads it, caption left out.
     page.locator("#person").click()
-    page.locator("#person").wait_for(state="hidden", timeout=30_000)
+    page.locator("#person").wait_for(state="hidden", timeout=90_000)
     aio(services.db.write(db_conversations.take, conversation_id=answer["conversation_id"], operator="ana.lee"))
     aio(services.db.write(db_conversations.person_reply, conversation_id=answer["conversation_id"],
                           operator="ana.lee", text=REPLY))
-    page.wait_for_function("() => document.querySelectorAll('#chatbot .pd-md').length === 2", timeout=30_000)
+    page.wait_for_function("() => document.querySelectorAll('#chatbot .pd-md').length === 2", timeout=90_000)
     page.wait_for_function("() => [...document.querySelectorAll('#chatbot .thought-group .title')]"
-                           ".some(t => t.innerText.includes('人工客服'))", timeout=30_000)
+                           ".some(t => t.innerText.includes('人工客服'))", timeout=90_000)
     page.evaluate(f"{clipboard}.writeText('')")
     # The reply's group is the answer's (one turn: the answer, its caption, the notice, the reply, its caption).
     page.locator(COPY).last.click()
-    page.wait_for_function(f"async () => (await {clipboard}.readText()).length > 0", timeout=30_000)
+    page.wait_for_function(f"async () => (await {clipboard}.readText()).length > 0", timeout=90_000)
     assert page.evaluate(f"{clipboard}.readText()") == copied + "\n\n" + REPLY_COPIED
     assert faults(page) == []
     context.close()

@@ -58,14 +58,14 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
     context.grant_permissions(["clipboard-read", "clipboard-write"], origin=server_url.rstrip("/"))
     page = open_chat(browser, server_url, viewport, page=context.new_page())
     question = f"**bold** [a](https://example.com) <b>x</b> `c` {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
     shown_question = page.locator("#chatbot [data-testid=user]").last
     assert shown_question.inner_text().strip() == question
     assert shown_question.locator("a, strong, b, code").count() == 0
 
     page.locator("#person").click()
-    page.locator("#person").wait_for(state="hidden", timeout=30_000)
+    page.locator("#person").wait_for(state="hidden", timeout=90_000)
     aio(services.db.write(db_conversations.take, conversation_id=conversation_id, operator="Ana"))
     for text, _ in REPLIES:
         aio(services.db.write(db_conversations.person_reply, conversation_id=conversation_id, operator="Ana",
@@ -75,7 +75,7 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
                               text=text))
     count = len(REPLIES) + 3  # the model's answer, the replies, the two deep ones
     page.wait_for_function(f"() => document.querySelectorAll('#chatbot .pd-md').length >= {count}",
-                           timeout=30_000)  # the page's poll, every 3 s
+                           timeout=90_000)  # the page's poll, every 3 s
     shown = answers_html(page)
     assert len(shown) == count
     assert shown[1:len(REPLIES) + 1] == [html for _, html in REPLIES]
@@ -91,7 +91,7 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
     # the question, still literal after the page redrew the conversation
     assert page.locator("#chatbot [data-testid=user]").first.inner_text().strip() == question
     page.reload()  # a reopened conversation shows the same
-    page.wait_for_function(f"() => document.querySelectorAll('#chatbot .pd-md').length >= {count}", timeout=30_000)
+    page.wait_for_function(f"() => document.querySelectorAll('#chatbot .pd-md').length >= {count}", timeout=90_000)
     assert answers_html(page)[1:] == shown[1:]
     assert page.evaluate(DANGER_JS) == []
     assert_tidy(page)

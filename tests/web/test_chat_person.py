@@ -25,11 +25,11 @@ def bot_texts(page) -> list[str]:
 def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db, viewport):
     page = open_chat(browser, server_url, viewport)
     question = f"七天无理由退货怎么算？{tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     answer = conversation(db, question)[1]
     assert page.locator("#chatbot button[aria-label='复制']").count() == 2  # the question's, the answer's
     page.locator("#chatbot button[aria-label='没帮助']").first.click()
-    page.locator("#pd-reason").wait_for(state="visible", timeout=30_000)
+    page.locator("#pd-reason").wait_for(state="visible", timeout=90_000)
     rating = wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]), None), 30,
                         "the thumbs to be stored")
     assert (rating["thumbs"], rating["reason"], rating["conversation_id"], rating["template_version_id"]) == (
@@ -40,8 +40,8 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     thanks = page.locator("#pd-thanks")
     assert not thanks.is_visible()
     page.locator("#reason-send").click()
-    page.locator("#pd-reason").wait_for(state="hidden", timeout=30_000)
-    thanks.wait_for(state="visible", timeout=30_000)  # the customer is thanked for the reason
+    page.locator("#pd-reason").wait_for(state="hidden", timeout=90_000)
+    thanks.wait_for(state="visible", timeout=90_000)  # the customer is thanked for the reason
     assert thanks.inner_text().strip() == "谢谢您的反馈！"
     assert wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["reason"], 30,
                       "the reason") == "没有回答我的问题"
@@ -49,7 +49,7 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
     page.locator("#chatbot button[aria-label='有帮助']").first.click()  # rating again replaces it
     wait_until(lambda: next(db["ratings"].rows_where("message_id = ?", [answer["id"]]))["thumbs"] == 1, 30,
                "the thumbs up")
-    thanks.wait_for(state="hidden", timeout=30_000)  # a new rating takes the old thanks away
+    thanks.wait_for(state="hidden", timeout=90_000)  # a new rating takes the old thanks away
     assert db["ratings"].count_where("message_id = ?", [answer["id"]]) == 1
     assert faults(page) == []
     page.close()
@@ -58,19 +58,19 @@ def test_thumbs_with_a_reason_are_stored_with_the_answer(browser, server_url, db
 def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, server_url, db, services, aio):
     page = open_chat(browser, server_url, DESKTOP)
     question = f"我要投诉快递员 {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
 
     page.locator("#person").click()
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=30_000)
+                           timeout=90_000)
     assert db["conversations"].get(conversation_id)["handoff"] == "waiting"
-    page.locator("#person").wait_for(state="hidden", timeout=30_000)  # not offered again while a person has it
+    page.locator("#person").wait_for(state="hidden", timeout=90_000)  # not offered again while a person has it
     page.reload()  # a reopened page says so too
     wait_ready(page)
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=30_000)
-    page.locator("#person").wait_for(state="hidden", timeout=30_000)
+                           timeout=90_000)
+    page.locator("#person").wait_for(state="hidden", timeout=90_000)
     waiting = f"快点处理 {tag()}"
     ask(page, waiting, watch=False)  # stored, not answered by the model: the page says who has it
     wait_until(lambda: len(conversation(db, question)) == 3, 30, "the question to be stored")
@@ -90,7 +90,7 @@ def test_a_customer_gets_a_person_and_the_model_answers_again_after(browser, ser
     aio(services.db.write(db_conversations.release, conversation_id=conversation_id, operator="王芳"))
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('人工客服已结束接待')",
                            timeout=15_000)
-    page.locator("#person").wait_for(state="visible", timeout=30_000)  # offered again once the person has finished
+    page.locator("#person").wait_for(state="visible", timeout=90_000)  # offered again once the person has finished
     after = f"那运费呢？{tag()}"
     ask(page, after, watch=False)
     wait_until(lambda: (rows := conversation(db, question))[-1]["role"] == "assistant"
@@ -107,26 +107,26 @@ def test_the_composer_is_free_again_after_each_message_a_person_has(browser, ser
     # message added the same notice again: the chat shows one, the last word under the customer's last message.
     page = open_chat(browser, server_url, DESKTOP)
     question = f"我的包裹丢了 {tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
     page.locator("#person").click()
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('已为您转接人工客服')",
-                           timeout=30_000)
+                           timeout=90_000)
     aio(services.db.write(db_conversations.take, conversation_id=conversation_id, operator="王芳"))
     asked = []
     for n in (1, 2, 3):
         asked.append(f"还在吗？第 {n} 次 {tag()}")
         ask(page, asked[-1], watch=False)
-        page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[len(asked) + 1, WITH_PERSON_NOTICE], timeout=30_000)
+        page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[len(asked) + 1, WITH_PERSON_NOTICE], timeout=90_000)
         page.wait_for_function("() => !document.querySelector('#pd-composer').classList.contains('pd-streaming')",
-                               timeout=30_000)
+                               timeout=90_000)
         assert said(page)[-2:] == [["user", asked[-1]], ["bot", WITH_PERSON_NOTICE]]
         assert [text for _, text in said(page) if text.startswith("提示：")] == [WITH_PERSON_NOTICE]
     assert [text for who, text in said(page) if who == "user"] == [question, *asked]
     assert [r["role"] for r in conversation(db, question)] == ["user", "assistant", "user", "user", "user"]
     page.reload()  # the conversation as stored says it once too
     wait_ready(page)
-    page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[4, WITH_PERSON_NOTICE], timeout=30_000)
+    page.wait_for_function(ONE_NOTICE_LAST_JS, arg=[4, WITH_PERSON_NOTICE], timeout=90_000)
     assert [text for _, text in said(page) if text.startswith("提示：")] == [WITH_PERSON_NOTICE]
     assert faults(page) == []
     page.close()

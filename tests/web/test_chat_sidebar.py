@@ -12,17 +12,17 @@ from tests.helpers.waiting import wait_until
 def test_rename_then_delete_and_the_next_message_starts_afresh(browser, server_url, db):
     page = open_chat(browser, server_url, DESKTOP)
     question = f"这是一个非常非常长的问题标题，用来看看侧栏里的标题会不会占满好几行文字，{tag()}"
-    caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
     conversation_id = conversation(db, question)[0]["conversation_id"]
     label = page.locator("#conversations label").filter(has_text=question[:10]).first
-    label.wait_for(timeout=30_000)
+    label.wait_for(timeout=90_000)
     line_px = float(label.evaluate("l => parseFloat(getComputedStyle(l.querySelector('span')).lineHeight)"))
     assert label.locator("span").bounding_box()["height"] <= 2 * line_px + 1  # two lines at most
 
     title = f"我的退货 {tag()}"
     page.locator("#new-title textarea, #new-title input").first.fill(title)
     page.locator("#rename").click()
-    page.locator("#conversations label").filter(has_text=title).wait_for(timeout=30_000)
+    page.locator("#conversations label").filter(has_text=title).wait_for(timeout=90_000)
     assert db["conversations"].get(conversation_id)["title"] == title
     assert_tidy(page)
     screenshot(page, "chat-renamed")
@@ -34,16 +34,16 @@ def test_rename_then_delete_and_the_next_message_starts_afresh(browser, server_u
     renamed = f"{title} 2"  # an event after it comes back: the delete, had it gone, went before it
     page.locator("#new-title textarea, #new-title input").first.fill(renamed)
     page.locator("#rename").click()
-    page.locator("#conversations label").filter(has_text=renamed).wait_for(timeout=30_000)
+    page.locator("#conversations label").filter(has_text=renamed).wait_for(timeout=90_000)
     assert db["conversations"].get(conversation_id)["deleted_at"] is None
     page.once("dialog", lambda dialog: (asked.append((dialog.type, dialog.message)), dialog.accept()))
     page.locator("#delete").click()
     assert len(asked) == 2
-    page.locator("#conversations label").filter(has_text=title).wait_for(state="detached", timeout=30_000)
+    page.locator("#conversations label").filter(has_text=title).wait_for(state="detached", timeout=90_000)
     assert db["conversations"].get(conversation_id)["deleted_at"] is not None
     assert page.locator("#chatbot [data-testid=user]").count() == 0
     fresh = f"新的问题 {tag()}"
-    caption(page, ask(page, fresh, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, fresh, watch=False)).wait_for(timeout=120_000)
     assert conversation(db, fresh)[0]["conversation_id"] != conversation_id
     assert faults(page) == []
     page.close()
@@ -68,7 +68,7 @@ def test_a_question_sent_right_after_new_starts_a_new_conversation(browser, serv
     page.add_init_script(HOLD_JS.replace("FRESH", str(fresh)))
     page = open_chat(browser, server_url, DESKTOP, page=page)
     first, second = f"运费多少？{tag()}", f"发票怎么开？{tag()}"
-    caption(page, ask(page, first, watch=False)).wait_for(timeout=60_000)
+    caption(page, ask(page, first, watch=False)).wait_for(timeout=120_000)
     page.locator("#new-conversation").click()
     ask(page, second, watch=False)  # at once, while New is still on its way
     wait_until(lambda: db["messages"].count_where("role = 'user' and text = ?", [second]) == 1, 60,
@@ -104,15 +104,15 @@ def test_the_sidebar_says_when_in_the_customers_own_time_as_captions_do(browser,
     try:
         page = open_chat(browser, server_url, page=context.new_page())
         question = f"几点发货？{tag()}"
-        caption(page, ask(page, question, watch=False)).wait_for(timeout=60_000)
+        caption(page, ask(page, question, watch=False)).wait_for(timeout=120_000)
         started = db["conversations"].get(conversation(db, question)[0]["conversation_id"])["created_at"]
         local = clock(page, started)
         assert local != started[11:16]  # Shanghai's clock is not UTC's
         label = page.locator("#conversations label").filter(has_text=question[:5]).first
-        label.wait_for(timeout=30_000)
+        label.wait_for(timeout=90_000)
         page.wait_for_function("([q, start]) => [...document.querySelectorAll('#conversations label')]"
                                ".some(l => l.innerText.includes(q) && l.innerText.trim().startsWith(start))",
-                               arg=[question[:5], f"{local} · "], timeout=30_000)
+                               arg=[question[:5], f"{local} · "], timeout=90_000)
         assert "UTC" not in label.inner_text()
         assert faults(page) == []
     finally:

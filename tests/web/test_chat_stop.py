@@ -29,18 +29,18 @@ def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> d
     box.fill(question)
     box.press("Enter")
     if at_once:
-        page.locator("#chatbot [data-testid=user]").nth(index).wait_for(timeout=30_000)
+        page.locator("#chatbot [data-testid=user]").nth(index).wait_for(timeout=90_000)
     else:
         page.wait_for_function("""(i) => {
             const g = document.querySelectorAll('#chatbot .message.bot')[i];
             return g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
-        }""", arg=index, polling=20, timeout=60_000)
+        }""", arg=index, polling=20, timeout=120_000)
     page.locator("#stop").click(force=True)
-    caption(page, index).filter(has_text="Stopped").wait_for(timeout=60_000)  # once the stop is stored
+    caption(page, index).filter(has_text="Stopped").wait_for(timeout=120_000)  # once the stop is stored
     rows = conversation(db, question)
     assert rows[-2]["text"] == question
     row = rows[-1]
-    page.locator("#conversations label").first.wait_for(timeout=30_000)
+    page.locator("#conversations label").first.wait_for(timeout=90_000)
     assert faults(page) == [], f"after Stop {index}: {faults(page)}"
     return row
 

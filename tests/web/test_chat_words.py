@@ -96,7 +96,7 @@ def test_a_zh_customer_reads_refusals_in_plain_chinese_and_they_never_stack(brow
     assert (row["status"], row["error_code"]) == ("error", "message_too_long")
     assert "tokens" in row["error"]  # the operators' precise English stays in the record
     page.wait_for_function("() => [...document.querySelectorAll('#chatbot [data-testid=bot]')].some("
-                           "m => m.innerText.includes('这条消息太长了'))", timeout=30_000)
+                           "m => m.innerText.includes('这条消息太长了'))", timeout=90_000)
     assert notices(page) == ["提示：这条消息太长了，请缩短后再发送。"]
     text = page.locator("#chatbot").inner_text()
     assert not ENGINEERING.search(text) and "⚠" not in text
@@ -105,11 +105,11 @@ def test_a_zh_customer_reads_refusals_in_plain_chinese_and_they_never_stack(brow
     assert faults(page) == []
 
     page.reload()
-    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=30_000)
+    page.wait_for_function("window.__pdGlyph && document.querySelector('#template input')?.value", timeout=90_000)
     if viewport == PHONE:
         page.locator("#pd-sidebar .toggle-button").click()
     page.locator("#conversations label").filter(has_text=long_question.strip()[:20]).first.click()
-    page.locator(ANSWERS).first.wait_for(timeout=30_000)
+    page.locator(ANSWERS).first.wait_for(timeout=90_000)
     page.wait_for_function("() => document.querySelector('#chatbot').innerText.includes('这条消息太长了')")
     page.close()
 
@@ -125,15 +125,15 @@ def test_a_paste_longer_than_a_message_may_be_is_cut_and_the_page_says_so_with_t
         box.click()
         box.press("Control+V")
         note = page.locator("#pd-paste-cut")
-        note.wait_for(timeout=30_000)
+        note.wait_for(timeout=90_000)
         assert note.inner_text() == "提示：粘贴的内容超过 20000 字的上限，只保留了前 20000 字。请缩短或分成几条发送。"
         assert box.input_value() == "退" * 20_000
         box.fill("")  # typing it shorter takes the note away
-        note.wait_for(state="detached", timeout=30_000)
+        note.wait_for(state="detached", timeout=90_000)
         page.evaluate("t => navigator.clipboard.writeText(t)", "退" * 19_999)  # one that fits says nothing
         box.press("Control+V")
         page.wait_for_function("() => document.querySelector('#message textarea').value.length === 19999",
-                               timeout=30_000)
+                               timeout=90_000)
         assert note.count() == 0
         assert faults(page) == []
     finally:
@@ -167,7 +167,7 @@ def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_lang
         assert page.evaluate("navigator.language") == locale
         page.locator("#message textarea").fill(f"运费怎么算？{tag()}")
         page.locator("#message textarea").press("Enter")
-        page.locator(ANSWERS).first.locator(".thought-group").wait_for(timeout=60_000)
+        page.locator(ANSWERS).first.locator(".thought-group").wait_for(timeout=120_000)
         labels = page.evaluate("() => [...document.querySelectorAll('#chatbot button[aria-label]')]"
                                ".map(b => b.getAttribute('aria-label'))")
         assert {"复制", "有帮助", "没帮助", "清空对话"} <= set(labels)
