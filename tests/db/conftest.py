@@ -3,10 +3,12 @@ PostgreSQL when PREFIXDESK_TEST_POSTGRES_URL names a server where the user may c
 starts Debian's PostgreSQL and sets it)."""
 
 import os
+import time
 import uuid
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.engine import make_url
 
 from app import template_files
@@ -33,8 +35,17 @@ def fresh_db(request, tmp_path):
         url = make_url(POSTGRES).set(database=name).render_as_string(hide_password=False)
 
         def drop():
-            with server.connect() as c:
-                c.execute(text(f'DROP DATABASE "{name}" WITH (FORCE)'))
+            # This test's connections are closed; a server process of another role (autovacuum) may still be in
+            # the database for a moment, and FORCE may not end it: the drop is tried again until it is gone.
+            for attempt in range(60):
+                try:
+                    with server.connect() as c:
+                        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+                    break
+                except DBAPIError:
+                    if attempt == 59:
+                        raise
+                    time.sleep(0.5)
             server.dispose()
     db = open_database(url)
     db.run(db_templates.seed, template_files.read_folder(ROOT / "templates"))

@@ -161,7 +161,11 @@ def test_closing_the_tab_mid_answer_stores_it_as_stopped(browser, long_answers, 
         assert_tidy(page)
         page.close()
 
-    _, _, row = while_streaming(browser, url, db, "Explain your whole warranty policy, step by step.", PHONE, leave)
+    for _ in range(3):  # the checks must end before the answer does, or closing proves nothing: a starved machine
+        _, _, row = while_streaming(browser, url, db, "Explain your whole warranty policy, step by step.", PHONE,
+                                    leave)
+        if row["status"] != "ok":
+            break
     assert (row["status"], row["error"], row["output_tokens"]) == ("stopped", STOPPED, None)
     assert row["text"]
     assert engine.num_unfinished_requests() == 0
