@@ -66,18 +66,11 @@ def build_admin(console: AdminContext) -> gr.Blocks:
             gr.Markdown(t["demo_banner"], elem_id="pd-demo-banner")
         loads = []
         with gr.Tabs():
-            with gr.Tab(t["tab_templates"], id="templates"):
-                loads.append(build_templates_tab(console))
-            with gr.Tab(t["tab_versions"], id="versions"):
-                loads.append(build_versions_tab(console))
-            with gr.Tab(t["tab_conversations"], id="conversations"):
-                loads.append(build_conversations_tab(console))
-            with gr.Tab(t["tab_warmup"], id="warmup"):
-                loads.append(build_warmup_tab(console))
-            with gr.Tab(t["tab_cache"], id="cache"):
-                loads.append(build_cache_tab(console))
-            with gr.Tab(t["tab_demo"], id="demo"):
-                loads.append(build_demo_tab(console))
+            for tab, build in (("templates", build_templates_tab), ("versions", build_versions_tab),
+                               ("conversations", build_conversations_tab), ("warmup", build_warmup_tab),
+                               ("cache", build_cache_tab), ("demo", build_demo_tab)):
+                with gr.Tab(t[f"tab_{tab}"], id=tab):
+                    loads.append(build(console))
             with gr.Tab(t["tab_audit"], id="audit") as audit_tab:
                 audit_table = gr.Dataframe(headers=headers(console.language, "audit_headers"), interactive=False,
                                            elem_id="audit-table", wrap=True)

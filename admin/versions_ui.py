@@ -59,25 +59,22 @@ def build_versions_tab(console: AdminContext):
                                             share=f"{float(share):.0f}")
         return (done, *(await show(name, request))[:4])
 
-    async def promote(name: str, request: gr.Request):
+    async def settle(name: str, request: gr.Request, act, said: str, before: str, after: str):
+        """Promote or end a split (``act``): the status line ``said`` names the versions before and after, and the
+        tab shows the template again; a refusal changes nothing on screen but the status."""
         user = await access.require(request)
         try:
-            change = await templates.promote(name=name, user=user)
+            change = await act(name=name, user=user)
         except REFUSED as exc:
             return (t["refused"].format(message=exc), *[gr.skip()] * 4)
-        done = t["ver_promoted"].format(name=literal(name), before=_v(change.before_version),
-                                       after=_v(change.after_version))
+        done = t[said].format(name=literal(name), **{before: _v(change.before_version), after: _v(change.after_version)})
         return (done, *(await show(name, request))[:4])
 
+    async def promote(name: str, request: gr.Request):
+        return await settle(name, request, templates.promote, "ver_promoted", "before", "after")
+
     async def end(name: str, request: gr.Request):
-        user = await access.require(request)
-        try:
-            change = await templates.end_split(name=name, user=user)
-        except REFUSED as exc:
-            return (t["refused"].format(message=exc), *[gr.skip()] * 4)
-        done = t["ver_rolled_back"].format(name=literal(name), candidate=_v(change.before_version),
-                                           published=_v(change.after_version))
-        return (done, *(await show(name, request))[:4])
+        return await settle(name, request, templates.end_split, "ver_rolled_back", "candidate", "published")
 
     gr.Markdown(t["ver_help"])
     with gr.Row():
