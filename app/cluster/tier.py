@@ -9,7 +9,9 @@ it is): it listens on PREFIXDESK_HOST:PREFIXDESK_PORT, sends a browser without i
 turn and sets the cookie (``lb_policy cookie``), checks every process's /healthz each second and sends nobody to
 one that is down. A request that a process died under (its round trip broke before any answer: a kept-alive
 connection to a killed process) is sent again to another (``lb_retry_match``; Caddy retries only GETs by default,
-and Gradio's ``queue/join`` is a POST): the dead process answered nothing and keeps no state. Each process is
+and Gradio's ``queue/join`` is a POST): the dead process answered nothing and keeps no state. Caddy can send a
+body again only from its own copy (``request_buffers``, up to PREFIXDESK_MAX_REQUEST_KIB, the most a process reads):
+without it, a POST whose body went down the broken connection is answered 502. Each process is
 ``python -m app --worker`` on a loopback port. A process that exits is started again; its browsers go to another
 process meanwhile, and their pages reconnect as after a server restart.
 
@@ -153,6 +155,7 @@ http://:{settings.port} {{
 \t\tlb_retry_match {{
 \t\t\tmethod GET HEAD POST
 \t\t}}
+\t\trequest_buffers {settings.max_request_kib}KiB
 \t\thealth_uri /livez
 \t\thealth_interval 1s
 \t\thealth_timeout 5s

@@ -11,6 +11,7 @@ import signal
 import httpx
 import pytest
 import sqlite_utils
+from playwright.sync_api import Error as PlaywrightError
 
 from tests.helpers.browser import DESKTOP
 from tests.helpers.chat_page import ANSWERS, caption, conversation, open_chat, tag
@@ -94,7 +95,13 @@ def test_a_killed_process_is_started_again_and_its_browser_goes_on(tier, browser
     # continues the open conversation: the page keeps it, and the session key opens it there too.
     box.fill(second)
     box.press("Enter")
-    caption(page, 1).wait_for(timeout=120_000)
+    try:
+        caption(page, 1).wait_for(timeout=120_000)
+    except PlaywrightError:  # what the page and the proxy saw, for a failure on a machine one cannot watch
+        lines = (data / "web" / "proxy.log").read_text().splitlines()
+        warned = [line[:300] for line in lines if '"level":"warn"' in line or '"level":"error"' in line]
+        pytest.fail(f"no answer after the kill; the page: {page.locator('#chatbot').inner_text()!r}; "
+                    f"the proxy's last warnings: {warned[-5:]}")
     rows = conversation(db, first)
     assert [(r["role"], r["text"] if r["role"] == "user" else r["status"]) for r in rows] == [
         ("user", first), ("assistant", "ok"), ("user", second), ("assistant", "ok")]
