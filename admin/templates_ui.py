@@ -32,7 +32,8 @@ def table_rows(console: AdminContext, rows: list[TemplateRow]) -> list[list]:
 
 
 def build_templates_tab(console: AdminContext):
-    """The tab's components and events; returns its refresh handler and outputs for the page load."""
+    """The tab's components and events; returns its refresh handler and outputs for the page load, and what to
+    draw again when the tab is opened (handler, inputs, outputs)."""
     t, access, templates = console.text, console.access, console.templates
 
     def refused(exc: Exception) -> str:
@@ -58,6 +59,21 @@ def build_templates_tab(console: AdminContext):
         await access.require(request)
         names = await templates.names()
         return await table(), gr.update(choices=names), gr.update(choices=[""] + names)
+
+    async def again(name: str, request: gr.Request):
+        """(table, version picker, pinned, internal, diff A, diff B, info): the tab opened again, after another tab
+        published, promoted or rolled back. The editor's text, its base version and the picked versions stay as
+        the operator left them (an unsaved edit is never overwritten; a save over a newer version is still
+        refused); the pickers gain versions saved since."""
+        await access.require(request)
+        if not name:
+            return await table(), *[gr.skip()] * 6
+        try:
+            _, _, version, pinned_now, internal_now, _, _, info_now, *_ = await info_line(name)
+        except REFUSED:  # deleted meanwhile: the table says so
+            return await table(), *[gr.skip()] * 6
+        numbers = gr.update(choices=version["choices"])
+        return await table(), numbers, pinned_now, internal_now, numbers, numbers, info_now
 
     async def open_template(name: str, request: gr.Request):
         await access.require(request)
@@ -271,7 +287,8 @@ def build_templates_tab(console: AdminContext):
                     api_visibility="private", trigger_mode="always_last", show_progress="hidden")
     import_btn.click(import_files, upload, [status, templates_table, name], api_name="import", **quiet)
     export_btn.click(export_files, None, exported, api_name="export", **quiet)
-    return refresh, [templates_table, name, new_parent]
+    return (refresh, [templates_table, name, new_parent],
+            (again, name, [templates_table, version, pinned, internal_box, version_a, version_b, info]))
 
 
 async def preview_markdown(console: AdminContext, name: str, chain: tuple[str, ...]) -> tuple[str, str]:

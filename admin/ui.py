@@ -69,8 +69,13 @@ def build_admin(console: AdminContext) -> gr.Blocks:
             for tab, build in (("templates", build_templates_tab), ("versions", build_versions_tab),
                                ("conversations", build_conversations_tab), ("warmup", build_warmup_tab),
                                ("cache", build_cache_tab), ("demo", build_demo_tab)):
-                with gr.Tab(t[f"tab_{tab}"], id=tab):
-                    loads.append(build(console))
+                with gr.Tab(t[f"tab_{tab}"], id=tab) as shown_tab:
+                    load, outputs, *again = build(console)
+                loads.append((load, outputs))
+                # A tab whose figures another tab's action changes (a publish, a promotion, a rollback) draws them
+                # again each time it is opened, not only on a reload.
+                for handler, inputs, changed in again:
+                    shown_tab.select(handler, inputs, changed, api_visibility="private", show_progress="hidden")
             with gr.Tab(t["tab_audit"], id="audit") as audit_tab:
                 audit_table = gr.Dataframe(headers=headers(console.language, "audit_headers"), interactive=False,
                                            elem_id="audit-table", wrap=True)

@@ -22,7 +22,8 @@ REFUSED = (TemplateAdminError, LookupError, ValueError)
 
 
 def build_versions_tab(console: AdminContext):
-    """The tab's components and events; returns its refresh handler and outputs for the page load."""
+    """The tab's components and events; returns its refresh handler and outputs for the page load, and what to
+    draw again when the tab is opened (handler, inputs, outputs)."""
     t, access, templates, catalog = console.text, console.access, console.templates, console.catalog
 
     async def show(name: str | None, request: gr.Request):
@@ -104,7 +105,7 @@ def build_versions_tab(console: AdminContext):
     start_btn.click(start, [template, candidate, share], [status, *shown], api_name="start_split", **quiet)
     promote_btn.click(promote, template, [status, *shown], api_name="promote_candidate", **quiet)
     end_btn.click(end, template, [status, *shown], api_name="end_split", **quiet)
-    return choices, [template]
+    return choices, [template], (show, template, [*shown, status])
 
 
 # -- formatting (no gradio) ---------------------------------------------------------------------------------

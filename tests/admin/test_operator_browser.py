@@ -22,8 +22,18 @@ from tests.helpers.servers import collect, operator
 OPERATOR = ("op-loop", "the operator's loop 5")
 TEXT = "\n".join(f"Rule {i}: parcels of zone {i} arrive within {i + 2} days." for i in range(12))
 V2 = TEXT + "\nRule 12: always offer a person at the end."
-READY = {"conversations": "#conv-table", "versions": "#ver-table", "audit": "#audit-table"}
-LABEL = {"conversations": "对话", "versions": "版本", "audit": "审计日志"}
+READY = {"conversations": "#conv-table", "versions": "#ver-table", "audit": "#audit-table",
+         "templates": "#templates-table"}
+LABEL = {"conversations": "对话", "versions": "版本", "audit": "审计日志", "templates": "模板"}
+# The published version the templates table shows for a template (its row found by name).
+PUBLISHED_JS = """name => {
+  const cells = [...document.querySelectorAll('#templates-table [data-testid^="cell-"]')];
+  const row = cells.find(c => /^cell-\\d+-0$/.test(c.dataset.testid) && c.innerText.trim() === name);
+  if (!row) return null;
+  const r = row.dataset.testid.split('-')[1];
+  const published = cells.find(c => c.dataset.testid === `cell-${r}-3`);
+  return published ? published.innerText.trim() : null;
+}"""
 SESSION = "customer-loop"
 
 
@@ -198,6 +208,10 @@ def test_a_live_split_shows_its_arms_diverge_and_is_promoted_in_one_click(page, 
     page.locator("#ver-status").get_by_text("v2 已发布给每一段新对话（原为 v1）").wait_for(timeout=90_000)
     assert services.catalog.get(template).version_number == 2 and services.catalog.candidate(template) is None
     page.locator("#ver-split").get_by_text("没有实时分流").wait_for(timeout=90_000)
+    # The templates tab drew v1 as published when the page loaded; opened again, it shows the promotion, no reload.
+    tab(page, "templates")
+    page.wait_for_function(f"name => ({PUBLISHED_JS})(name) === '2'", arg=template, timeout=90_000)
+    tab(page, "versions")
     entries = [(e.action, e.field, e.before, e.after) for e in services.db.run(db_audit.recent, limit=4)
                if e.target == template]
     assert entries == [("promote candidate", "candidate version", "2", None),
