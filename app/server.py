@@ -129,7 +129,7 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     from app.web.chat import CSS as CHAT_CSS
     from app.web.chat import build_chat, page_js
     from app.web.chat_text import gradio_words, model_label
-    from app.web.gradio_state import keep_no_snapshots
+    from app.web.gradio_state import PAGE_LIFE_HEAD, end_session, keep_no_snapshots, no_heartbeat_stream
     from app.web.sessions import SessionGuard
 
     settings = services.settings
@@ -154,10 +154,11 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     app.include_router(build_metrics_router(settings, services.desk))
     app.include_router(build_login_router(access, services.trust, admin_open=admin_open))
     mount = dict(footer_links=[], show_error=False, enable_monitoring=False, run_history=False, mcp_server=False,
-                 pwa=False, ssr_mode=False)
+                 pwa=False, ssr_mode=False, head=PAGE_LIFE_HEAD)
     blocks = build_admin(console)
     _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CONSOLE_PROGRESS_POLL_S)
+    no_heartbeat_stream(blocks)
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, js=admin_js(settings.ui_language),
                         max_file_size=f"{settings.max_upload_mib}mb",
                         blocked_paths=_blocked_paths(settings), **mount)
@@ -169,6 +170,7 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
                       model_name=model_label(settings.model, settings.ui_language))
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CHAT_PROGRESS_POLL_S)
+    no_heartbeat_stream(chat)
     # Gradio's own words on the page (its buttons' labels) in the page's language, whatever the browser's.
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=page_js(settings.ui_language), max_file_size="1kb",
                         blocked_paths=[*_blocked_paths(settings), str(admin_files)],
@@ -181,7 +183,8 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
         mounted.has_launched = True
     app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language,
                        secret=_secret(settings, "pd-browser.key").encode(),
-                       claims_per_minute=settings.session_claims_per_minute)
+                       claims_per_minute=settings.session_claims_per_minute, page_gone_s=settings.page_gone_s,
+                       on_gone=lambda mount, session_hash: end_session(blocks if mount else chat, session_hash))
     # Behind the gate: a stranger learns nothing of the console's routes.
     app.add_middleware(GradioRoutes, unqueued={"": _unqueued(chat), "/admin": _unqueued(blocks)},
                        inputs={"": _inputs(chat), "/admin": _inputs(blocks)},

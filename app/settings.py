@@ -309,6 +309,10 @@ class Settings:
     session_claims_per_minute: int = _setting(30, "New chat or console pages (Gradio sessions) one browser cookie, and "
                                               "one client address, may open a minute; more are answered 429. 0 "
                                               "turns the limit off.", check=at_least(0))
+    page_gone_s: float = _setting(150.0, "Seconds after a chat or console page's last sign of life (it sends one "
+                                  "every 15 s, a background tab at least once a minute) when the server takes it "
+                                  "as closed and drops what it kept for it; a page that is closed says so at once.",
+                                  check=at_least(1, " seconds"))
     max_request_kib: int = _setting(1024, "Largest request body the server reads, in KiB; larger ones get 413 before "
                                     "any work.", check=at_least(64))
     max_upload_mib: int = _setting(1, "Largest file an operator may upload to the console (template files), in MiB; "

@@ -10,14 +10,16 @@ Here each session keeps only what the app's handlers use, and builds nothing it 
 A session's state also dies with its page. Gradio keeps a closed session's state for an hour, so that
 a page could come back to it; but its hash travels in URLs (proxy logs), and whoever took the hash
 over after the page closed would have run events with that state (the conversation the page showed).
-When a session's heartbeat ends (the page closed or lost its connection) its state is dropped, and
-nothing is kept for it afterwards: a page that comes back runs on empty state, and the chat's handlers
-take its conversation from the store again, as after a restart.
+When a session's page is closed (it said so, or nothing was heard of it for PREFIXDESK_PAGE_GONE_S:
+app/web/sessions.py) its state is dropped, and nothing is kept for it afterwards by an event still running: a
+page that comes back starts on empty state, and the chat's handlers take its conversation from the store again,
+as after a restart.
 """
 
 from __future__ import annotations
 
 from copy import copy, deepcopy
+from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -32,6 +34,33 @@ def keep_no_snapshots(app: FastAPI, blocks: gr.Blocks) -> None:
     holder = _StateHolder()
     mounted.state_holder = holder
     holder.set_blocks(blocks)  # sets blocks.state_holder too: the queue and the routes use the same one
+
+
+# The pages' script that says they are alive (app/web/sessions.py), for each Gradio app's head.
+PAGE_LIFE_HEAD = f"<script>{(Path(__file__).with_name('static') / 'page_life.js').read_text(encoding='utf-8')}</script>"
+
+
+def no_heartbeat_stream(blocks: gr.Blocks) -> None:
+    """``blocks``' pages open no heartbeat stream (PAGE_LIFE_HEAD says they are alive instead): Gradio opens one
+    per page, wherever its config says it must, and six held every connection an HTTP/1.1 browser gives a host."""
+    config_file = blocks.get_config_file
+
+    def without_stream():
+        config = config_file()
+        config["connect_heartbeat"] = False
+        return config
+
+    blocks.get_config_file = without_stream
+    blocks.config = without_stream()
+
+
+def end_session(blocks: gr.Blocks, session_hash: str) -> None:
+    """The page of ``session_hash`` was closed (app/web/sessions.py): its state goes now, an event of it still
+    running keeps nothing, and a page that comes back under the hash starts a session of its own."""
+    holder = blocks.state_holder
+    session = holder.session_data.pop(session_hash, None) if holder is not None else None
+    if session is not None:
+        session.is_closed = True
 
 
 class _Session(SessionState):

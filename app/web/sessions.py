@@ -15,6 +15,15 @@ claims are limited per cookie and per client address (PREFIXDESK_SESSION_CLAIMS_
 past it): the owners of idle sessions are forgotten only after MAX_BOUND_SESSIONS newer claims, and
 one address may no longer make those up by the hundred thousand to free a closed page's hash.
 
+A page's liveness holds no connection. Gradio's page keeps a heartbeat stream open for as long as it is open,
+so that the server learns when it closes; a browser speaking HTTP/1.1 holds six connections per host, so six
+open tabs (chat or console) held them all and a seventh never loaded. The pages' script (static/page_life.js)
+gives Gradio a heartbeat stream that holds nothing and sends ``GET heartbeat/<hash>`` every 15 s instead, each
+answered at once; a page that is closed sends ``POST heartbeat/<hash>``. A session of which nothing was heard
+for PREFIXDESK_PAGE_GONE_S (a background tab's timers run once a minute), or whose page said it closed, is
+ended (``on_gone``: its server-side state is dropped) and its binding may be forgotten again; a live page's
+never is.
+
 Scripts: gradio_client keeps the cookies of the /config it fetches first, so it works unchanged. A
 script speaking HTTP itself must load the page (or /config) first and keep cookies (a cookie jar, e.g.
 one ``httpx.Client``) from that response on. A page opened from a link on another site is sent no
@@ -32,7 +41,9 @@ import json
 import logging
 import re
 import secrets
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from urllib.parse import parse_qs
 
@@ -59,14 +70,18 @@ class SessionGuard:
     """ASGI middleware: requests naming a Gradio session hash need the cookie of the browser that owns it."""
 
     def __init__(self, app, *, trust: ProxyTrust, language: str, secret: bytes, claims_per_minute: int,
-                 capacity: int = MAX_BOUND_SESSIONS):
+                 capacity: int = MAX_BOUND_SESSIONS, page_gone_s: float = 150.0,
+                 on_gone: Callable[[str, str], None] = lambda mount, session_hash: None):
         """``secret``: the key of the cookies' HMAC; ``claims_per_minute``: new sessions one cookie, and one
-        client address, may claim a minute (0: no limit)."""
+        client address, may claim a minute (0: no limit); ``on_gone(mount, session_hash)``: a page was closed
+        (it said so, or nothing was heard of it for ``page_gone_s``)."""
         self.app = app
         self.trust = trust
         self.text = TEXT[language]
         self.secret = secret
         self.owners = SessionOwners(capacity)
+        self.page_gone_s = page_gone_s
+        self.on_gone = on_gone
         self.claims_by_cookie = ClientLimiter(per_minute=claims_per_minute, concurrent=0)
         self.claims_by_address = ClientLimiter(per_minute=claims_per_minute, concurrent=0)
         self._refused = RateLimitedLog(log)
@@ -80,6 +95,8 @@ class SessionGuard:
             if cookie is None and scope["method"] == "GET" and scope["path"] in PAGES:
                 send = self._giving_cookie(scope, send, _new_cookie(self.secret))
             return await self.app(scope, receive, send)
+        for gone in self.owners.expired(time.monotonic()):  # pages not heard of for page_gone_s
+            self._gone(gone)
         mount, where = route
         if where == "body":
             body = await whole_body(receive)
@@ -108,8 +125,25 @@ class SessionGuard:
                                           "(PREFIXDESK_SESSION_CLAIMS_PER_MINUTE)")
         if not self.owners.claim(key, digest):
             return await self._refuse(scope, send, 403, "session_not_yours", "another browser's session")
+        if scope["path"].startswith(f"{mount}/gradio_api/heartbeat/"):
+            return await self._heartbeat(scope, send, key)
         with self.owners.in_use(key):
             await self.app(scope, receive, send)
+
+    async def _heartbeat(self, scope, send, key: tuple[str, str]) -> None:
+        """A page's sign of life (GET: it is open, answered at once) or its last word (POST: it was closed)."""
+        if scope["method"] == "POST":
+            self.owners.end(key)
+            self._gone(key)
+            return await send_body(send, 204, b"", b"text/plain")
+        self.owners.beat(key, time.monotonic() + self.page_gone_s)
+        await send_body(send, 200, b"data: ALIVE\n\n", b"text/event-stream")
+
+    def _gone(self, key: tuple[str, str]) -> None:
+        try:
+            self.on_gone(*key)
+        except Exception:  # a page's end must never fail another's request
+            log.exception("ending the closed page's session failed")
 
     async def _refuse(self, scope, send, status: int, text: str, why: str) -> None:
         self._refused("refused %s %s from %s with %d: %s", scope["method"], printable(scope["path"]),
@@ -139,7 +173,8 @@ class SessionGuard:
 @dataclass
 class _Owner:
     digest: bytes
-    in_use: int = 0  # open streams naming the session (its heartbeat, its queue stream): never forgotten then
+    in_use: int = 0  # open streams naming the session (its queue stream): never forgotten then
+    alive_until: float = 0.0  # its page's last sign of life + page_gone_s (time.monotonic): never forgotten before
 
 
 class SessionOwners:
@@ -148,6 +183,8 @@ class SessionOwners:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._owners: OrderedDict[tuple[str, str], _Owner] = OrderedDict()
+        # The sessions whose pages are alive, the longest unheard first (a sign of life moves one to the end).
+        self._alive: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._owners)
@@ -167,6 +204,30 @@ class SessionOwners:
         self._owners.move_to_end(key)
         return True
 
+    def beat(self, key: tuple[str, str], until: float) -> None:
+        """``key``'s page is alive until ``until`` (time.monotonic), unless heard of again (it must be claimed)."""
+        self._owners[key].alive_until = until
+        self._alive[key] = None
+        self._alive.move_to_end(key)
+
+    def end(self, key: tuple[str, str]) -> None:
+        """``key``'s page was closed."""
+        self._owners[key].alive_until = 0.0
+        self._alive.pop(key, None)
+
+    def expired(self, now: float) -> list[tuple[str, str]]:
+        """The sessions whose pages were alive and are no longer heard of at ``now`` (each reported once)."""
+        gone = []
+        while self._alive:
+            key = next(iter(self._alive))
+            owner = self._owners.get(key)
+            if owner is not None and owner.alive_until > now:
+                break
+            del self._alive[key]
+            if owner is not None:
+                gone.append(key)
+        return gone
+
     @contextlib.contextmanager
     def in_use(self, key: tuple[str, str]):
         owner = self._owners[key]
@@ -177,13 +238,14 @@ class SessionOwners:
             owner.in_use -= 1
 
     def _forget_idle(self) -> None:
-        # A forgotten hash could be claimed by anyone who learns it; an open page keeps its heartbeat open,
+        # A forgotten hash could be claimed by anyone who learns it; an open page says it is alive every 15 s,
         # so only sessions idle through the last MAX_BOUND_SESSIONS new ones are forgotten.
+        now = time.monotonic()
         for _ in range(len(self._owners)):
             if len(self._owners) <= self.capacity:
                 return
             key, owner = next(iter(self._owners.items()))
-            if owner.in_use:
+            if owner.in_use or owner.alive_until > now:
                 self._owners.move_to_end(key)
             else:
                 del self._owners[key]
@@ -202,8 +264,8 @@ def _session_route(method: str, path: str) -> tuple[str, str] | None:
         return mount, "body"
     if method == "GET" and rest == "queue/data":
         return mount, "query"
-    if method == "GET" and rest.startswith(("heartbeat/", "stream/")):
-        return mount, rest.split("/")[1]
+    if (method in ("GET", "POST") and rest.startswith("heartbeat/")) or (method == "GET" and rest.startswith("stream/")):
+        return mount, rest.split("/")[1]  # a page's sign of life (GET) or last word (POST); a stream
     return None
 
 
@@ -258,7 +320,11 @@ def _https(scope, trust: ProxyTrust) -> bool:
 
 
 async def _refuse(send, status: int, message: str) -> None:
-    body = json.dumps({"detail": message}, ensure_ascii=False).encode()
+    await send_body(send, status, json.dumps({"detail": message}, ensure_ascii=False).encode(), b"application/json")
+
+
+async def send_body(send, status: int, body: bytes, content_type: bytes) -> None:
     await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
+                            (b"cache-control", b"no-store")]})
     await send({"type": "http.response.body", "body": body})

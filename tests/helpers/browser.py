@@ -142,10 +142,11 @@ def picture(page, path) -> None:
 
 
 def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int = 1366, height: int = 900,
-                 locale: str | None = None):
+                 locale: str | None = None, context=None):
     """A browser page logged in to the console through its login page (in ``locale``, e.g. "zh-CN", when
-    given: Gradio's own texts follow the browser's language)."""
-    page = browser.new_page(viewport={"width": width, "height": height}, **({"locale": locale} if locale else {}))
+    given: Gradio's own texts follow the browser's language); a tab of ``context`` when given."""
+    page = context.new_page() if context is not None else \
+        browser.new_page(viewport={"width": width, "height": height}, **({"locale": locale} if locale else {}))
     page.goto(server_url + "admin")
     page.locator("#username").fill(account[0])
     page.locator("#password").fill(account[1])

@@ -7,7 +7,7 @@ victim's hash and sent Retry with an empty session key: 200, with the victim's c
 32 min after the tab closed. Gradio kept the closed session's state for an hour, and a handler called
 without a key returned the server-side conversation shown.
 After: a handler called without a key this server issued returns nothing of the session's state; the
-state dies with its page (when its heartbeat ends); a claim needs a cookie a page load handed out (an
+state dies with its page (when the page says it closed, or is not heard of for PREFIXDESK_PAGE_GONE_S); a claim needs a cookie a page load handed out (an
 HMAC under the server's key), and new claims are limited per cookie and per address
 (PREFIXDESK_SESSION_CLAIMS_PER_MINUTE, here 5 for a flood scaled down).
 """
@@ -39,8 +39,8 @@ class _Sessions:
         chat = next(r.app for r in server.app.routes if isinstance(r, Mount) and r.path == "").blocks
         self.holder = chat.state_holder
 
-    def closed(self, session_hash: str) -> bool:
-        return session_hash in self.holder.session_data and self.holder.session_data[session_hash].is_closed
+    def gone(self, session_hash: str) -> bool:
+        return session_hash not in self.holder.session_data
 
     def state(self, session_hash: str) -> dict:
         return dict(self.holder.session_data[session_hash].state_data)
@@ -71,25 +71,52 @@ def texts(chatbot: list) -> list[str]:
 def test_a_session_run_without_its_key_gets_nothing_of_its_state_and_the_state_dies_with_its_page(server):
     url, sessions = server.url, _Sessions(server)
     cfg = config(url)
+    assert cfg["connect_heartbeat"] is False  # the page holds no stream to say it is open (app/web/sessions.py)
     load, send, retry = (dependency(cfg, name) for name in ("on_load", "send", "retry"))
     victim, session = page(url, "10.1.0.1"), uuid.uuid4().hex
     key = output(run(victim, url, load, ["", None], session))[0]
-    with victim.stream("GET", url + f"gradio_api/heartbeat/{session}") as heartbeat:  # the page is open
-        alive = heartbeat.iter_lines()  # kept: a reader dropped would close the stream (the page) with it
-        assert heartbeat.status_code == 200 and next(alive) == "data: ALIVE"
-        assert not sessions.closed(session)
-        asked = output(run(victim, url, send, [SECRET, "电商客服", None, key, None], session))
-        assert texts(asked[0])[0] == SECRET
-        assert sessions.state(session)  # the conversation shown is kept on the server while the page is open
-        # Whoever runs an event in this session (its hash taken over) sends Retry with an empty key: the notice alone.
-        for forged_key in ("", "b.forged.key"):
-            again = output(run(victim, url, retry, [None, forged_key, None], session))
-            assert texts(again[0]) == [NOTHING_TO_RETRY]
-    wait_until(lambda: sessions.closed(session), 60, "the page's heartbeat to end")
-    assert sessions.state(session) == {}  # closed: its state is gone at once, not an hour later
+    alive = victim.get(url + f"gradio_api/heartbeat/{session}")  # the page is open: said in a short request
+    assert (alive.status_code, alive.text, alive.headers["content-type"]) == (200, "data: ALIVE\n\n",
+                                                                               "text/event-stream")
+    asked = output(run(victim, url, send, [SECRET, "电商客服", None, key, None], session))
+    assert texts(asked[0])[0] == SECRET
+    assert SECRET in str(sessions.state(session))  # the conversation shown is kept on the server while it is open
+    # Whoever runs an event in this session (its hash taken over) sends Retry with an empty key: the notice alone.
+    for forged_key in ("", "b.forged.key"):
+        again = output(run(victim, url, retry, [None, forged_key, None], session))
+        assert texts(again[0]) == [NOTHING_TO_RETRY]
+    # Only its own browser may say the page closed.
+    stranger = page(url, "10.1.0.2")
+    assert stranger.post(url + f"gradio_api/heartbeat/{session}").status_code == 403
+    assert SECRET in str(sessions.state(session))
+    closed = victim.post(url + f"gradio_api/heartbeat/{session}")  # the page closed (its beacon)
+    assert (closed.status_code, closed.content) == (204, b"")
+    assert sessions.gone(session)  # its state is gone at once, not an hour later
     again = output(run(victim, url, retry, [None, "", None], session))
     assert texts(again[0]) == [NOTHING_TO_RETRY]
-    assert sessions.state(session) == {}  # and an event run after it keeps nothing
+    assert SECRET not in str(sessions.state(session))  # a page that comes back under the hash starts afresh
+
+
+def test_a_page_not_heard_of_for_page_gone_s_is_taken_as_closed(services, engine_loop, tmp_path):
+    """A page that closed without a word (a crash, a lost network) says nothing more: PREFIXDESK_PAGE_GONE_S
+    after its last sign of life its state is dropped, at the next request naming any session."""
+    second = SecondServer(services, engine_loop, tmp_path, trusted_proxies="127.0.0.1", page_gone_s=1)
+    with second as url:
+        sessions = _Sessions(second)
+        cfg = config(url)
+        load, send = dependency(cfg, "on_load"), dependency(cfg, "send")
+        victim, session = page(url, "10.5.0.1"), uuid.uuid4().hex
+        key = output(run(victim, url, load, ["", None], session))[0]
+        assert victim.get(url + f"gradio_api/heartbeat/{session}").status_code == 200
+        output(run(victim, url, send, [SECRET, "电商客服", None, key, None], session))
+        assert SECRET in str(sessions.state(session))
+        other, mine = page(url, "10.5.0.2"), uuid.uuid4().hex
+
+        def dropped() -> bool:  # another page's sign of life, a request naming a session, ends the silent one
+            assert other.get(url + f"gradio_api/heartbeat/{mine}").status_code == 200
+            return sessions.gone(session)
+
+        wait_until(dropped, 60, "the silent page's session to end", poll_s=0.5)
 
 
 def test_a_claim_needs_a_cookie_a_page_load_handed_out(server):

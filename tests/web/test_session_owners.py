@@ -1,5 +1,7 @@
 """Which cookie owns a Gradio session hash (app/web/sessions.py), and which owners are forgotten first."""
 
+import time
+
 from app.web.sessions import SessionOwners
 
 A, B = b"a" * 16, b"b" * 16
@@ -24,3 +26,18 @@ def test_the_oldest_idle_owners_are_forgotten_and_one_in_use_never():
         assert owners.claim(("", "h3"), B) is False
         assert owners.claim(("", "h1"), A) is True  # forgotten
     assert len(owners) == 2
+
+
+def test_a_live_page_is_never_forgotten_and_a_silent_one_is_reported_once():
+    owners, now = SessionOwners(capacity=2), time.monotonic()
+    assert owners.claim(("", "h1"), A) and owners.claim(("", "h2"), A)
+    owners.beat(("", "h1"), until=now + 50)  # h1's page said it is alive, until now + 50
+    owners.beat(("", "h2"), until=now + 1000)  # h2's, later
+    assert owners.expired(now + 40) == []
+    assert owners.expired(now + 60) == [("", "h1")]  # h1 not heard of since: reported once
+    assert owners.expired(now + 60) == []
+    owners.end(("", "h1"))  # its page said it closed: its owner may be forgotten, h2's never while it is alive
+    assert owners.claim(("", "h3"), B)  # forgets h1, not h2 (alive)
+    assert owners.claim(("", "h1"), B) is True and owners.claim(("", "h2"), B) is False
+    owners.beat(("", "h2"), until=now + 2000)  # heard of again: reported only past its new deadline
+    assert owners.expired(now + 1500) == [] and owners.expired(now + 2500) == [("", "h2")]
