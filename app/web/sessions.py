@@ -33,14 +33,15 @@ import logging
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
 from app.core.callers import ProxyTrust
 from app.core.limits import ClientLimiter, RateLimited
 from app.log_text import RateLimitedLog, printable
 from app.web.bodies import replay, whole_body
-from app.web.chat_text import TEXT
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +59,16 @@ _BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
 class SessionGuard:
     """ASGI middleware: requests naming a Gradio session hash need the cookie of the browser that owns it."""
 
-    def __init__(self, app, *, trust: ProxyTrust, language: str, secret: bytes, claims_per_minute: int,
+    def __init__(self, app, *, trust: ProxyTrust, text: Mapping[str, Any], secret: bytes, claims_per_minute: int,
                  capacity: int = MAX_BOUND_SESSIONS):
-        """``secret``: the key of the cookies' HMAC; ``claims_per_minute``: new sessions one cookie, and one
+        """``text``: the page's words in its language (app/chat/text.py's table, handed in by the composition
+        root: the edge imports nothing of the chat), of which the refusals say ``session_not_yours``,
+        ``session_hash_invalid`` and ``session_claims``; ``secret``: the key of the cookies' HMAC;
+        ``claims_per_minute``: new sessions one cookie, and one
         client address, may claim a minute (0: no limit)."""
         self.app = app
         self.trust = trust
-        self.text = TEXT[language]
+        self.text = text
         self.secret = secret
         self.owners = SessionOwners(capacity)
         self.claims_by_cookie = ClientLimiter(per_minute=claims_per_minute, concurrent=0)
