@@ -8,11 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
-from app.core.desk import Progress
+from app.chat.context import calm
+from app.chat.markdown import markdown_html, streaming_html
+from app.chat.outputs import Loaded
 from app.chat.render import _message, as_text, whole_clusters
 from app.chat.stream import _stream
 from app.chat.text import TEXT
-from app.chat.markdown import markdown_html, streaming_html
+from app.core.desk import Progress
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -72,3 +74,13 @@ def test_a_streaming_answer_never_ends_inside_a_grapheme_cluster():
     with ThreadPoolExecutor(1) as pool:
         shown = pool.submit(asyncio.run, updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"])).result()
     assert shown == [streaming_html("写代码的人"), streaming_html("写代码的人👩\u200d💻")]
+
+
+def test_a_handler_that_fails_leaves_every_output_of_its_event_as_it_is():
+    @calm(Loaded)
+    async def broken(session_key, open_id):
+        raise RuntimeError("a fault the page must not show")
+
+    outputs = asyncio.run(broken("", None))
+    assert type(outputs) is Loaded and len(outputs) == len(Loaded._fields) == 8
+    assert list(outputs) == [gr.skip()] * 8
