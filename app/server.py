@@ -126,9 +126,10 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     from admin.queue_ui import admin_js
     from admin.ui import CSS as CONSOLE_CSS
     from admin.ui import build_admin
-    from app.web.chat import CSS as CHAT_CSS
-    from app.web.chat import build_chat, page_js
-    from app.web.chat_text import gradio_words, model_label
+    from app.chat.page import CSS as CHAT_CSS
+    from app.chat.page import build_chat, page_js
+    from app.chat.text import TEXT as CHAT_TEXT
+    from app.chat.text import gradio_words, model_label
     from app.web.gradio_state import PAGE_LIFE_HEAD, end_session, keep_no_snapshots, no_heartbeat_stream
     from app.web.sessions import SessionGuard
 
@@ -181,7 +182,7 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
-    app.add_middleware(SessionGuard, trust=services.trust, language=settings.ui_language,
+    app.add_middleware(SessionGuard, trust=services.trust, text=CHAT_TEXT[settings.ui_language],
                        secret=_secret(settings, "pd-browser.key").encode(),
                        claims_per_minute=settings.session_claims_per_minute, page_gone_s=settings.page_gone_s,
                        on_gone=lambda mount, session_hash: end_session(blocks if mount else chat, session_hash))

@@ -1,7 +1,7 @@
 """``python -m bench.browser``: the first glyph a customer sees, measured in a real browser (issue 9).
 
 Drives chromium (Playwright) against a running server: each simulated customer has a page of their
-own, types a question and presses Enter; the page's own script (app/web/chat.py) records the time from
+own, types a question and presses Enter; the page's own script (app/chat/static/chat.js) records the time from
 Enter to the first glyph of the answer painted on screen. The engine's time to first token for the
 same answer comes from the caption under it (its details). Prints p50/p90 of both and of their
 difference for each number of concurrent users and writes ``browser-glyph.json`` under ``--out``::

@@ -6,7 +6,7 @@ uvicorn in a process of its own; a client joins each event's queue and reads its
 end. The events yield ``--updates`` updates as fast as Gradio takes them, so the server's CPU time
 (its own threads, from /proc) over the stream, divided by the updates, is Gradio's cost per update:
 
-* ``skips``: the chat before (app/web/chat.py): six outputs, the five besides the chatbot skipped
+* ``skips``: the chat before (app/chat/page.py): six outputs, the five besides the chatbot skipped
   with ``gr.skip()``, messages as ``{"role", "content"}`` that Gradio postprocesses;
 * ``values``: four outputs (chatbot, two states skipped, the session key's value), messages
   already in the chatbot's format, Gradio's postprocessing off: the chat now.
@@ -31,7 +31,7 @@ def build(history: int):
     """The app: one event per way, on the chat's components."""
     import gradio as gr
 
-    from app.web.chat import _message
+    from app.chat.render import _message
 
     def logical(i: int) -> list[dict]:
         old = [{"role": "user" if j % 2 == 0 else "assistant", "content": "历史消息" * 20} for j in range(history)]

@@ -53,8 +53,8 @@ DATA_PATH = "gradio_api/queue/data"
 PREDICT_PATH = "gradio_api/run/predict"  # events that skip the queue
 BROWSER_COOKIE = "pd_browser"
 SESSION_KEY = "sessionkey"  # the kind find_chat_page gives the BrowserState that holds the session key
-SESSION_STORAGE_KEY = "prefixdesk-session"  # that BrowserState's storage key (app/web/chat.py)  # the cookie app/web/sessions.py binds a session hash to
-MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/web/chat.py)
+SESSION_STORAGE_KEY = "prefixdesk-session"  # that BrowserState's storage key (app/chat/page.py)  # the cookie app/web/sessions.py binds a session hash to
+MESSAGE_BOX = "message"  # elem_id of the chat's message box (app/chat/page.py)
 END_MESSAGES = ("process_completed", "unexpected_error")
 # The caption's details: "cached 1056 / 1065 prompt tokens · engine first token 13 ms" (zh: 缓存命中 … 引擎首 token).
 CAPTION_TOKENS = re.compile(r"(\d+) ?/ ?(\d+)")  # the caption's details: what was read before, of the prompt

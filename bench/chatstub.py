@@ -1,7 +1,7 @@
 """A server that speaks the chat page's Gradio queue protocol with canned answers: the load generator's
 yardstick (``python -m bench.chatload --self-check``), never a stand-in for the product.
 
-It serves what ``bench.chatpage`` reads, shaped as Gradio 6 sends it (app/web/chat.py's events, seen on
+It serves what ``bench.chatpage`` reads, shaped as Gradio 6 sends it (app/chat/page.py's events, seen on
 the wire): ``/config`` with a page-load event and the message box's submit event; ``queue/join``; and
 per session the SSE ``queue/data`` stream — estimation, process_starts, then for the send event a first
 ``process_generating`` with the whole chatbot value, diffs appending the answer ``updates`` times

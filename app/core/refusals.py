@@ -1,6 +1,6 @@
 """Why the desk did not answer, as a code and its parameters — never as text a customer reads.
 
-The chat says each code in the customer's language and in plain words (app/web/chat_text.py); ``str()`` of
+The chat says each code in the customer's language and in plain words (app/chat/text.py); ``str()`` of
 a refusal is the precise English, with the limits' numbers, that the developers' APIs (/v1, /chat) return
 and the operators' log and console show.
 """

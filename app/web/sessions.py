@@ -43,15 +43,15 @@ import re
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import parse_qs
 
 from app.core.callers import ProxyTrust
 from app.core.limits import ClientLimiter, RateLimited
 from app.log_text import RateLimitedLog, printable
 from app.web.bodies import replay, whole_body
-from app.web.chat_text import TEXT
 
 log = logging.getLogger(__name__)
 
@@ -69,15 +69,18 @@ _BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
 class SessionGuard:
     """ASGI middleware: requests naming a Gradio session hash need the cookie of the browser that owns it."""
 
-    def __init__(self, app, *, trust: ProxyTrust, language: str, secret: bytes, claims_per_minute: int,
+    def __init__(self, app, *, trust: ProxyTrust, text: Mapping[str, Any], secret: bytes, claims_per_minute: int,
                  capacity: int = MAX_BOUND_SESSIONS, page_gone_s: float = 150.0,
                  on_gone: Callable[[str, str], None] = lambda mount, session_hash: None):
-        """``secret``: the key of the cookies' HMAC; ``claims_per_minute``: new sessions one cookie, and one
-        client address, may claim a minute (0: no limit); ``on_gone(mount, session_hash)``: a page was closed
-        (it said so, or nothing was heard of it for ``page_gone_s``)."""
+        """``text``: the page's words in its language (app/chat/text.py's table, handed in by the composition
+        root: the edge imports nothing of the chat), of which the refusals say ``session_not_yours``,
+        ``session_hash_invalid`` and ``session_claims``; ``secret``: the key of the cookies' HMAC;
+        ``claims_per_minute``: new sessions one cookie, and one client address, may claim a minute (0: no
+        limit); ``on_gone(mount, session_hash)``: a page was closed (it said so, or nothing was heard of it
+        for ``page_gone_s``)."""
         self.app = app
         self.trust = trust
-        self.text = TEXT[language]
+        self.text = text
         self.secret = secret
         self.owners = SessionOwners(capacity)
         self.page_gone_s = page_gone_s

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 
-from app.web.chat import _message, shown_answer
+from app.chat.render import _message, shown_answer
 from bench import chatstub
 from bench.chatpage import ChatPageTarget
 from bench.loadgen import Timer

@@ -348,8 +348,8 @@ def test_the_chat_page_shows_a_remote_answer_in_paced_pieces_and_its_end_at_once
                                                                                  engine_loop, aio, tmp_path, whole):
     """The page's stream over the remote engine: a 128-token answer in updates bounded by its duration (one per
     pacing interval), and after the engine's last token exactly one update, the stored answer."""
-    from app.web.chat import _Ahead, _stream
-    from app.web.chat_text import TEXT
+    from app.chat.stream import _Ahead, _stream
+    from app.chat.text import TEXT
     from app.server import build_services
 
     engine = _Recording(remote_engine)

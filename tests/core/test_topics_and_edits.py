@@ -17,7 +17,7 @@ from app.db import templates as db_templates
 from app.db.models import utcnow
 from app.db.rows import AnswerResult, MessageRow
 from app.db.templates import TemplateAdminError
-from app.web.chat import _feedback, _message, shown_answer
+from app.chat.render import _feedback, _message, shown_answer
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import ROOT, collect
 

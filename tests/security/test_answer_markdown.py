@@ -1,11 +1,11 @@
 """An answer is Markdown, and nothing in it becomes markup beyond Markdown's own few tags: HTML is text, an image is
 text, a link goes only to http(s) or mailto (with target and rel), and deep nesting is shown whole as text. Exact
-HTML from app/web/render.py (the chat's browser test shows the same in chromium)."""
+HTML from app/chat/markdown.py (the chat's browser test shows the same in chromium)."""
 
 import pytest
 
-from app.web.chat import _message
-from app.web.render import markdown_html
+from app.chat.render import _message
+from app.chat.markdown import markdown_html
 
 REL = 'target="_blank" rel="noopener noreferrer nofollow"'
 

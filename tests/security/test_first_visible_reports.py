@@ -1,4 +1,4 @@
-"""Attack: the page's private report of when an answer's first text reached the screen (app/web/static/chat.js).
+"""Attack: the page's private report of when an answer's first text reached the screen (app/chat/static/chat.js).
 
 It is public input like any other: a browser could send any value for any conversation. Only a whole number of
 milliseconds from 1 to 600,000, for the sender's own conversation's last answer, not reported before and no sooner

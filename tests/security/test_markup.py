@@ -7,7 +7,7 @@ sanitizer, which keeps ``<img>`` and ``<form>``: the remote images were fetched 
 After: deep links are gone (404, and ``?deep_link=`` opens the plain page); no other path carries one
 customer's text into another's page (conversations, their titles and the page's state are the
 session key's own); and the chatbot renders no Markdown of its own and escapes HTML: a question is text, and an
-answer's Markdown is made into a few tags on the server, with images and HTML as text (app/web/render.py;
+answer's Markdown is made into a few tags on the server, with images and HTML as text (app/chat/markdown.py;
 tests/security/test_answer_markdown.py).
 """
 

@@ -16,7 +16,7 @@ from app.core.catalog import TemplateCatalog
 from app.core.prompts import system_text
 from app.db import open_database
 from app.db import templates as db_templates
-from app.web.chat_text import caption_details
+from app.chat.text import caption_details
 from tests.helpers.desks import desk_for
 from tests.helpers.servers import collect, full_blocks
 

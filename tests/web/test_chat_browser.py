@@ -194,7 +194,7 @@ def test_what_the_customer_types_while_an_answer_streams_stays_and_the_sidebar_l
 
 def shown_html(text: str) -> str:
     """A stored answer's text as the chat shows it (its Markdown as HTML): what Gradio names the message by."""
-    from app.web.chat import _message, shown_answer
+    from app.chat.render import _message, shown_answer
 
     return _message("assistant", shown_answer(text).rstrip())["content"][0]["text"]
 

@@ -1,6 +1,6 @@
 """The chat's events skip Gradio's postprocessing and send messages they built themselves: those must be
 exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text; an
-answer's Markdown as HTML: app/web/render.py), or the page would show something else."""
+answer's Markdown as HTML: app/chat/markdown.py), or the page would show something else."""
 
 import asyncio
 import inspect
@@ -8,10 +8,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
+from app.chat.context import calm
+from app.chat.markdown import markdown_html, streaming_html
+from app.chat.outputs import Loaded
+from app.chat.render import _message, as_text, whole_clusters
+from app.chat.stream import _stream
+from app.chat.text import TEXT
 from app.core.desk import Progress
-from app.web.chat import _message, _stream, as_text, whole_clusters
-from app.web.chat_text import TEXT
-from app.web.render import markdown_html, streaming_html
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -25,7 +28,7 @@ CASES = [
 
 def test_each_message_is_what_gradios_chatbot_makes_of_it():
     # What Gradio makes of the text as the chat shows it: an answer's Markdown as HTML (of the text Gradio would
-    # tidy with cleandoc), anything else HTML escaped (app/web/chat.py as_text).
+    # tidy with cleandoc), anything else HTML escaped (app/chat/render.py as_text).
     def shown(role: str, text: str, title: str | None) -> str:
         return markdown_html(inspect.cleandoc(text)) if role == "assistant" and not title else as_text(text)
 
@@ -42,7 +45,7 @@ def test_gradios_chatbot_leaves_the_chats_messages_unchanged():
 
 
 def test_an_answers_updates_slow_down_only_when_the_answers_in_flight_would_exceed_the_budget():
-    from app.web.chat import UI_UPDATE_INTERVAL_S, update_interval_s
+    from app.chat.stream import UI_UPDATE_INTERVAL_S, update_interval_s
 
     assert UI_UPDATE_INTERVAL_S == 0.1
     assert [update_interval_s(n, 2000) for n in (0, 1, 200, 400, 1000)] == [0.1, 0.1, 0.1, 0.2, 0.5]
@@ -71,3 +74,13 @@ def test_a_streaming_answer_never_ends_inside_a_grapheme_cluster():
     with ThreadPoolExecutor(1) as pool:
         shown = pool.submit(asyncio.run, updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"])).result()
     assert shown == [streaming_html("写代码的人"), streaming_html("写代码的人👩\u200d💻")]
+
+
+def test_a_handler_that_fails_leaves_every_output_of_its_event_as_it_is():
+    @calm(Loaded)
+    async def broken(session_key, open_id):
+        raise RuntimeError("a fault the page must not show")
+
+    outputs = asyncio.run(broken("", None))
+    assert type(outputs) is Loaded and len(outputs) == len(Loaded._fields) == 8
+    assert list(outputs) == [gr.skip()] * 8

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.core.refusals import ENGLISH
-from app.web.chat_text import API_TEXT, GRADIO_LOCALES, TEXT, gradio_words, refusal_text
+from app.chat.text import API_TEXT, GRADIO_LOCALES, TEXT, gradio_words, refusal_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
 from tests.helpers.chat_page import ANSWERS, faults, open_chat, tag, wait_for_status
 
@@ -54,7 +54,7 @@ def test_the_captions_speed_counts_characters_not_tokens():
     from datetime import UTC, datetime
 
     from app.db.rows import MessageRow
-    from app.web.chat_text import caption_details
+    from app.chat.text import caption_details
 
     def answer(text: str, output_tokens: int | None, rate: float | None) -> MessageRow:
         return MessageRow(id=1, conversation_id=1, role="assistant", text=text, status="ok", error=None,

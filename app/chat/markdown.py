@@ -1,6 +1,6 @@
 """An answer's Markdown as the chat shows it: lists, emphasis, headings, quotes, code and links — nothing else.
 
-Answers (the model's and a person's) are Markdown; questions stay text (app/web/chat.py ``as_text``). The
+Answers (the model's and a person's) are Markdown; questions stay text (app/chat/render.py ``as_text``). The
 HTML is made here, on the server, by markdown-it-py (CommonMark, which Gradio already depends on) set up so
 that it can only write its own few tags:
 

@@ -238,7 +238,7 @@ API_TEXT = {
 # Gradio draws some words of its own on the page (its chatbot's buttons, its loading text) and picks their language
 # from the browser's, not the page's: a Chinese page in an English browser said "Copy message", and Gradio's own
 # Chinese lacks that one. The page's words stand in for Gradio's under these keys (Gradio's), in every language
-# Gradio knows (GRADIO_LOCALES), so the page speaks one language whatever the browser's (app/web/chat.py).
+# Gradio knows (GRADIO_LOCALES), so the page speaks one language whatever the browser's (app/chat/page.py).
 GRADIO_KEYS = {
     "chatbot.copy_message": "copy", "chatbot.copied_message": "copied", "chatbot.like": "good",
     "chatbot.dislike": "bad", "chatbot.edit": "edit", "chatbot.submit": "send", "chatbot.cancel": "cancel",

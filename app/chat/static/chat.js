@@ -47,7 +47,7 @@
     if (e.target.closest('#conversations, #new-conversation')) {
       state.byAnswer = {}; state.reported = {}; state.pending = null;
     }
-    // The next question begins a new conversation (CLEAR_BOX_JS in chat.py), however soon it is sent.
+    // The next question begins a new conversation (static/clear_box.js), however soon it is sent.
     const option = e.target.closest('#template [data-testid=dropdown-option]');
     const current = document.querySelector('#template input')?.value;
     if (e.target.closest('#new-conversation, #delete') || (option && option.innerText.trim() !== current)) {
@@ -122,7 +122,7 @@
   // Copy gives the answer as the customer reads it, and only the answer. Gradio's copy button sits under a group (the
   // messages of one turn) and copies all of it: each message's value on a line of its own, a captioned one as
   // "title\n  details" — so an answer's copy carried its caption. An answer's value is the HTML made from its
-  // Markdown (app/web/render.py), one <div class="pd-md"> each; what lies outside those (the caption, written
+  // Markdown (app/chat/markdown.py), one <div class="pd-md"> each; what lies outside those (the caption, written
   // after it) is no part of the answer. (Without the clipboard API, on a page not served over https, Gradio copies
   // through a textarea of its own: the copy event below.) The value is read as HTML in an inert document (DOMParser:
   // nothing loads or runs) and each answer written as lines of text: paragraphs, list items ("- ", "1. "), code and
@@ -160,7 +160,7 @@
     e.clipboardData.setData('text/plain', plain(area.value));
     e.preventDefault();
   }, true);
-  // An answer's links (app/web/render.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
+  // An answer's links (app/chat/markdown.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
   const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
     for (const a of document.querySelectorAll('#chatbot .pd-md a[href]')) {
@@ -195,7 +195,7 @@
       const answered = group && captioned(group) && (!p.retry || p.fresh);
       // A notice ends it too (a refusal, a person's conversation): a new one, even when it says what the last
       // one said (a second break-off), and the one notice that a person has the conversation once it has moved
-      // under the message just sent (the server shows one, under the customer's last message: chat.py).
+      // under the message just sent (the server shows one, under the customer's last message: app/chat/render.py).
       const said = [...document.querySelectorAll('#chatbot [data-testid=user], #chatbot [data-testid=bot]')];
       const lastSaid = said[said.length - 1];
       const asked = document.querySelectorAll('#chatbot [data-testid=user]').length > p.users;

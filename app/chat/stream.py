@@ -1,0 +1,103 @@
+"""The paced pieces: an answer streams to the page at most UI_UPDATE_INTERVAL_S apart (longer under load), each
+update carrying all the text so far, and the conversation as stored comes last.
+
+Streaming is where the page spends its server's time, so its updates do the least Gradio lets them
+(docs/benchmarks.md, "The chat path"): while an answer streams, the history's messages are the same objects in
+every update and only the answer's message is new, and the server-side states are skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import gradio as gr
+
+from app.chat.outputs import Screen
+from app.chat.render import _answer_messages, _message, _notice, _one_person_notice, shown_answer, whole_clusters
+from app.chat.text import refusal_text
+from app.core.desk import WITH_PERSON, Finished, Progress
+from app.db.states import Handoff
+
+# Ten updates a second read as smooth streaming; each one makes the page render the whole answer again,
+# and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
+# Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
+UI_UPDATE_INTERVAL_S = 0.1
+
+
+class _Ahead:
+    """The desk's events with the first one already on its way: while Gradio sends the question to the
+    page, the desk stores it and the engine starts answering (both off the path to the first glyph).
+    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile), and waits for
+    the first event's task to end before it closes the desk's generator: a Stop that lands while the first
+    event is still coming cancels that task too, and closing a generator that task still runs would raise
+    ("asynchronous generator is already running") in place of the quiet stop."""
+
+    def __init__(self, events: AsyncIterator[Progress | Finished]):
+        self._events = events
+        self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
+        self._pending: asyncio.Future | None = self._first
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> Progress | Finished:
+        if self._first is None:
+            return await anext(self._events)
+        first, self._first = self._first, None
+        return await first
+
+    async def aclose(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None and not pending.done():
+            pending.cancel()
+            await asyncio.wait({pending})  # the desk stores the answer as stopped
+        if pending is not None and not pending.cancelled():
+            pending.exception()  # retrieved: a refusal nobody will read is not an error
+        await self._events.aclose()
+
+
+def update_interval_s(answers_in_flight: int, updates_per_s: int) -> float:
+    """Seconds between one answer's screen updates: UI_UPDATE_INTERVAL_S, or longer when the answers in flight
+    would together send more than ``updates_per_s`` (each update costs Gradio the same, however much text it
+    carries: bench/chat_updates.py)."""
+    return max(UI_UPDATE_INTERVAL_S, answers_in_flight / updates_per_s)
+
+
+async def _stream(events, base: list, conversation_id, session_key: str, t: dict, language: str, pace_s):
+    """A Screen for each of the desk's events: the answer so far, then the conversation as stored.
+
+    The first text goes out at once; after it, one update per ``pace_s()`` at most (UI_UPDATE_INTERVAL_S,
+    longer under load): the next event is taken only then, and the engine's output gathers meanwhile,
+    so each update carries all the text so far. While the answer streams, the history's messages are the same objects in every
+    update (Gradio's diff sees them unchanged at once) and only the answer's message is new; the
+    shown state keeps its value (skipping a state costs Gradio nothing).
+    """
+    loop = asyncio.get_running_loop()
+    next_update_at = 0.0
+    asked_in = conversation_id
+    while True:
+        if (wait_s := next_update_at - loop.time()) > 0:
+            await asyncio.sleep(wait_s)
+        try:
+            event = await anext(events)
+        except StopAsyncIteration:
+            return
+        if isinstance(event, Progress):
+            next_update_at = loop.time() + pace_s()
+            conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
+            yield Screen(base + [_message("assistant", whole_clusters(shown_answer(event.text)), streaming=True)],
+                         gr.skip(), conversation_id, session_key, gr.skip())
+        elif isinstance(event, Finished):
+            # The conversation as stored, with no second read of the database: what was shown (stored messages,
+            # and last the question as the desk stores it; a new conversation is the question alone) and the
+            # answer's stored row, as the customer may see it (event.customer: app/core/cache_figures.py).
+            shown = base if asked_in == event.message.conversation_id else base[-1:]
+            if event.message.status == WITH_PERSON:  # a person has the conversation: the question waits for them
+                answer = [_notice(t["waiting_person" if event.handoff == Handoff.WAITING else "with_person"], t)]
+            else:
+                answer = _answer_messages(event.customer, t, language)
+            if event.person_refused:  # the answer asked for a person and the queue's caps refused
+                answer = answer + [_notice(refusal_text(event.person_refused, {}, language), t)]
+            messages = _one_person_notice(shown + answer, t)
+            yield Screen(messages, messages, event.message.conversation_id, session_key, gr.skip())
