@@ -103,9 +103,11 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     page.wait_for_function(READY, timeout=90_000)
     page.wait_for_function("document.querySelectorAll('#chatbot .message.bot').length === 2", timeout=90_000)
     assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [first, edited]
-    marks = [g.locator("button[aria-label^=Dislike], button[aria-label=没帮助], button[aria-label^=Like], button[aria-label=有帮助]").evaluate_all(
-        "bs => bs.map(b => b.getAttribute('aria-label'))") for g in page.locator("#chatbot .message-buttons-left").all()]
-    assert marks == [["Disliked", "有帮助"], ["没帮助", "有帮助"]]  # the first answer's 👎, the new answer unrated
+    thumbs = "button[aria-label$=有帮助], button[aria-label$=没帮助], button[aria-label^=Like], button[aria-label^=Dislike]"
+    marks = [g.locator(thumbs).evaluate_all("bs => bs.map(b => b.getAttribute('aria-label'))")
+             for g in page.locator("#chatbot .message-buttons-left").all()]
+    # The first answer's 👎 (marked, in the page's words, not Gradio's "Disliked"), the new answer unrated.
+    assert marks == [["已标为没帮助", "有帮助"], ["没帮助", "有帮助"]]
     assert faults(page) == []
     page.close()
 

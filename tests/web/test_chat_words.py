@@ -173,6 +173,12 @@ def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_lang
         assert {"复制", "有帮助", "没帮助", "清空对话"} <= set(labels)
         assert not {"Copy message", "Like", "Dislike", "Clear", "Copier le message"} & set(labels)
         assert labels.count("复制") == 2  # the question's and the answer's
+        # A thumb marked: Gradio's own "Liked" (none of its translations) in the page's words.
+        page.locator("#chatbot button[aria-label='有帮助']").first.click()
+        page.locator("#chatbot button[aria-label='已标为有帮助']").wait_for(timeout=90_000)
+        labels = page.evaluate("() => [...document.querySelectorAll('#chatbot button[aria-label]')]"
+                               ".map(b => b.getAttribute('aria-label'))")
+        assert "Liked" not in labels and "Disliked" not in labels
         assert faults(page) == []
     finally:
         context.close()

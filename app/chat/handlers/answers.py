@@ -207,7 +207,7 @@ async def after_answer(chat: ChatContext, session_key: str, returned: str, open_
 @calm(Stopped)
 async def after_stop(chat: ChatContext, conversation_id: Any, session_key: str, shown: list):
     """The stored conversation once the cancelled answer has stored itself as stopped (awaited on its own
-    end, no deadline: app/core/chat.desk.py settled_conversation), and the sidebar's list with it. A Stop that
+    end, no deadline: Desk.settled_conversation, app/core/desk.py), and the sidebar's list with it. A Stop that
     landed before the answer's first text finds the conversation it started (the page did not learn its id
     yet): the browser's newest, if the desk began it for this browser's last new question."""
     key = chat.keys.browser(session_key)

@@ -160,6 +160,18 @@
     e.clipboardData.setData('text/plain', plain(area.value));
     e.preventDefault();
   }, true);
+  // Gradio names a thumb it has marked in English of its own ("Liked", "Disliked", not in its translations): the
+  // page's words instead, as it sets them (an attribute alone changes).
+  const THUMBS = {Liked: TEXT.liked, Disliked: TEXT.disliked};
+  const thumbs = () => {
+    for (const b of document.querySelectorAll('#chatbot button[aria-label=Liked], #chatbot button[aria-label=Disliked]')) {
+      const said = THUMBS[b.getAttribute('aria-label')];
+      b.setAttribute('aria-label', said);
+      if (b.hasAttribute('title')) b.setAttribute('title', said);
+    }
+  };
+  new MutationObserver(thumbs).observe(document.body, {subtree: true, childList: true, attributes: true,
+                                                         attributeFilter: ['aria-label', 'title']});
   // An answer's links (app/chat/markdown.py) say nofollow: Gradio's sanitizer writes its own rel over theirs.
   const REL = 'noopener noreferrer nofollow';
   new MutationObserver(() => {
