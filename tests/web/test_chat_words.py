@@ -12,6 +12,7 @@ from app.core.refusals import ENGLISH
 from app.chat.text import API_TEXT, GRADIO_LOCALES, TEXT, gradio_words, refusal_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, screenshot
 from tests.helpers.chat_page import ANSWERS, faults, open_chat, tag, wait_for_status
+from tests.helpers.chat_page import caption as caption_of  # a test here names its own caption
 
 ENGINEERING = re.compile(r"token|prompt|cache|system prompt|tenant|engine|缓存|提示词|令牌|引擎|租户", re.I)
 PYTHON_REPR = re.compile(r"<class |Traceback|\bValue: |\{'|\['|None\b|Error\b|\\n")
@@ -173,7 +174,9 @@ def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_lang
         assert {"复制", "有帮助", "没帮助", "清空对话"} <= set(labels)
         assert not {"Copy message", "Like", "Dislike", "Clear", "Copier le message"} & set(labels)
         assert labels.count("复制") == 2  # the question's and the answer's
-        # A thumb marked: Gradio's own "Liked" (none of its translations) in the page's words.
+        # A thumb marked: Gradio's own "Liked" (none of its translations) in the page's words. Once the page's
+        # measure of the first text is stored (the caption says it): its report redraws the chatbot.
+        caption_of(page, 0).filter(has_text="秒内开始回复").wait_for(timeout=90_000)
         page.locator("#chatbot button[aria-label='有帮助']").first.click()
         page.locator("#chatbot button[aria-label='已标为有帮助']").wait_for(timeout=90_000)
         labels = page.evaluate("() => [...document.querySelectorAll('#chatbot button[aria-label]')]"
