@@ -1,5 +1,6 @@
-"""A request body read whole at the edge and handed on: the guards (app/web/guards.py) and the session guard
-(app/web/sessions.py) read an event's body before Gradio does, then give Gradio the same bytes."""
+"""Bodies at the edge: a request body read whole and handed on (the guards, app/web/guards.py, and the session
+guard, app/web/sessions.py, read an event's body before Gradio does, then give Gradio the same bytes), and the
+short answers they write themselves."""
 
 from __future__ import annotations
 
@@ -29,3 +30,10 @@ def replay(body: bytes, receive):
         return await receive()
 
     return replayed
+
+
+async def send_whole(send, status: int, body: bytes, content_type: bytes, *headers: tuple[bytes, bytes]) -> None:
+    """An answer the edge writes itself, in one piece: ``status``, ``body`` and any further ``headers``."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": body})

@@ -21,7 +21,7 @@ from urllib.parse import parse_qs, parse_qsl, urlencode
 from starlette.requests import ClientDisconnect
 
 from app.log_text import RateLimitedLog, printable
-from app.web.bodies import replay, whole_body
+from app.web.bodies import replay, send_whole, whole_body
 
 log = logging.getLogger(__name__)
 
@@ -222,10 +222,7 @@ class GradioRoutes:
         client = (scope.get("client") or ("?",))[0]
         self._refused("refused %s %s from %s: not a route this server serves", scope.get("method", "?"),
                       printable(scope.get("path", "")), client)
-        await send({"type": "http.response.start", "status": 404,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(NOT_FOUND)).encode())]})
-        await send({"type": "http.response.body", "body": NOT_FOUND})
+        await send_whole(send, 404, NOT_FOUND, b"application/json")
 
 
 NO_STREAM = "This session has no event waiting: join one (queue/join) before reading its stream."
@@ -336,7 +333,4 @@ def _too_large(limit: int, setting: str) -> str:
 
 async def _reject(send, status: int, message: str) -> None:
     body = json.dumps({"detail": message}, ensure_ascii=False, separators=(",", ":")).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"connection", b"close")]})
-    await send({"type": "http.response.body", "body": body})
+    await send_whole(send, status, body, b"application/json", (b"connection", b"close"))

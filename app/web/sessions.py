@@ -51,7 +51,7 @@ from urllib.parse import parse_qs
 from app.core.callers import ProxyTrust
 from app.core.limits import ClientLimiter, RateLimited
 from app.log_text import RateLimitedLog, printable
-from app.web.bodies import replay, whole_body
+from app.web.bodies import replay, send_whole, whole_body
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ PAGES = {"/", "/config", "/admin/", "/admin/config"}  # a browser or gradio_clie
 MAX_BOUND_SESSIONS = 100_000  # owners remembered; the oldest idle ones are forgotten first
 INLINE_JSON_BYTES = 64 << 10  # larger bodies are parsed on a thread
 _COOKIE_VALUE = re.compile(rb"([A-Za-z0-9_-]{22})\.([A-Za-z0-9_-]{22})")  # a random id, its HMAC
+NO_STORE = (b"cache-control", b"no-store")  # a page's sign of life is never answered from a cache
 _SESSION_HASH = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _BODY_ROUTES = ("queue/join", "cancel", "component_server")  # POST bodies that name a session hash
 _BODY_ROUTE_PREFIXES = ("run/", "api/", "call/")  # ... and may name one
@@ -138,9 +139,9 @@ class SessionGuard:
         if scope["method"] == "POST":
             self.owners.end(key)
             self._gone(key)
-            return await send_body(send, 204, b"", b"text/plain")
+            return await send_whole(send, 204, b"", b"text/plain", NO_STORE)
         self.owners.beat(key, time.monotonic() + self.page_gone_s)
-        await send_body(send, 200, b"data: ALIVE\n\n", b"text/event-stream")
+        await send_whole(send, 200, b"data: ALIVE\n\n", b"text/event-stream", NO_STORE)
 
     def _gone(self, key: tuple[str, str]) -> None:
         try:
@@ -323,11 +324,4 @@ def _https(scope, trust: ProxyTrust) -> bool:
 
 
 async def _refuse(send, status: int, message: str) -> None:
-    await send_body(send, status, json.dumps({"detail": message}, ensure_ascii=False).encode(), b"application/json")
-
-
-async def send_body(send, status: int, body: bytes, content_type: bytes) -> None:
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode()),
-                            (b"cache-control", b"no-store")]})
-    await send({"type": "http.response.body", "body": body})
+    await send_whole(send, status, json.dumps({"detail": message}, ensure_ascii=False).encode(), b"application/json")
