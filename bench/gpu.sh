@@ -207,7 +207,7 @@ else
   FP8=""; MODES_BURST="--concurrency 4 --num-requests 8"; SAT_BURST="--concurrency 8"
 fi
 if [ $stage = gradio ] || [ $stage = chat ]; then  # the whole app as create_app builds it: chat, console, imports
-  needs="gradio, gradio_client, multipart, app.web.chat, admin.context, admin.ui, admin.login
+  needs="gradio, gradio_client, multipart, app.chat.page, admin.context, admin.ui, admin.login
 print('=== gradio', gradio.__version__, 'from', gradio.__file__)"
 elif [ $stage = article ] || [ $stage = fp8 ]; then
   needs="app.engine.models.baichuan"

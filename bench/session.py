@@ -44,7 +44,7 @@ def build_settings(args):
     overrides: dict = {"max_concurrent_requests": BENCH_CONCURRENCY_LIMIT, "queue_max_size": BENCH_CONCURRENCY_LIMIT,
                        "data_dir": str(args.data_dir), "rate_limit_per_minute": 0, "max_streams_per_client": 0,
                        "rate_limit_per_address_per_minute": 0, "max_streams_per_address": 0,
-                       "max_connections_per_client": 0}
+                       "max_connections_per_client": 0, "session_claims_per_minute": 0}
     for item in args.set:
         name, eq, value = item.partition("=")
         if not eq or name not in by_name:
