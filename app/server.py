@@ -131,6 +131,7 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     from app.chat.text import TEXT as CHAT_TEXT
     from app.chat.text import gradio_words, model_label
     from app.web.gradio_state import PAGE_LIFE_HEAD, end_session, keep_no_snapshots, no_heartbeat_stream
+    from app.web.page_cache import PageCache
     from app.web.sessions import SessionGuard
 
     settings = services.settings
@@ -182,6 +183,9 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
         # Gradio checks the paths a request names against allowed/blocked paths only in launched apps;
         # mounted ones must say so, or any server file named in an event's value would be served.
         mounted.has_launched = True
+    # Innermost: the page and its config as Gradio built them for the first browser, with each browser's cookies and
+    # headers added by the layers around it.
+    app.add_middleware(PageCache, paths=frozenset({"/", "/config"}))
     app.add_middleware(SessionGuard, trust=services.trust, text=CHAT_TEXT[settings.ui_language],
                        secret=_secret(settings, "pd-browser.key").encode(),
                        claims_per_minute=settings.session_claims_per_minute, page_gone_s=settings.page_gone_s,

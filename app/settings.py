@@ -227,8 +227,9 @@ class Settings:
                                     "reuse buys.")
     cuda_graph_max_batch: int = _setting(0, "Largest batch captured as a CUDA graph (GPU); 0 keeps vLLM's 512.",
                                          check=at_least(0))
-    stream_interval: int = _setting(1, "Tokens vLLM gathers before handing a stream more text; 1 sends each at once.",
-                                    check=at_least(1))
+    stream_interval: int = _setting(0, "Tokens vLLM gathers before handing a stream more text (the first is always "
+                                    "sent at once); 1 sends each at once. 0 picks 4 for a served engine on a GPU (the "
+                                    "web tier's and the cluster's vllm serve), 1 elsewhere.", check=at_least(0))
     # Generation
     max_tokens: int = _setting(256, "Most tokens in one answer.", check=at_least(1))
     temperature: float = _setting(0.7, "Sampling temperature of answers.", check=between(0, 2))

