@@ -67,9 +67,16 @@ def test_a_copy_with_one_flipped_byte_is_refused_and_deleted(joined, tmp_path):
 
 
 def test_the_alias_names_the_prepared_folder_and_refuses_an_unprepared_one(data_dir, tmp_path):
-    assert resolve_alias(ALIAS, data_dir) == str(data_dir / "models" / ALIAS)
-    with pytest.raises(ModelNotPrepared, match="Run `make demo-model`"):
-        resolve_alias(ALIAS, tmp_path)
+    prepared = str(data_dir / "models" / ALIAS)
+    assert resolve_alias(ALIAS, data_dir, also=()) == prepared
+    # Prepared under the project's data dir, the server started with another: found there.
+    assert resolve_alias(ALIAS, tmp_path, also=(data_dir,)) == prepared
+    empty = tmp_path / "elsewhere"
+    with pytest.raises(ModelNotPrepared, match=f"neither {tmp_path}/models/{ALIAS} nor "
+                                               f"{empty}/models/{ALIAS} has .* Prepare it with "
+                                               f"`.venv/bin/python -m app.engine.models.fetch {ALIAS} --data-dir "
+                                               f"{tmp_path}`"):
+        resolve_alias(ALIAS, tmp_path, also=(empty,))
 
 
 @pytest.fixture(scope="module")

@@ -7,6 +7,7 @@ The names themselves are declared with the settings (``BUILT_IN_MODELS``), which
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from app.settings import BUILT_IN_MODELS
@@ -27,17 +28,27 @@ def alias_folder(model: str, data_dir: Path) -> Path:
     return Path(data_dir) / "models" / ALIASES[model]
 
 
-def resolve_alias(model: str, data_dir: Path) -> str:
-    """The prepared folder an alias names, or ``model`` unchanged when it is no alias.
+# Where `make demo-model` prepares models: the default data dir of the project's own checkout. A server started with
+# another PREFIXDESK_DATA_DIR finds them there too, rather than asking for a download already made.
+PROJECT_DATA_DIR = Path(__file__).resolve().parents[3] / "var"
 
-    Raises ModelNotPrepared, saying which command prepares it, when the folder or its marker is missing.
+
+def resolve_alias(model: str, data_dir: Path, *, also: tuple[Path, ...] = (PROJECT_DATA_DIR,)) -> str:
+    """The prepared folder an alias names, under ``data_dir`` or else under one of ``also``, or ``model`` unchanged
+    when it is no alias.
+
+    Raises ModelNotPrepared, saying where it looked and which command prepares it, when no folder with its marker is
+    found.
     """
     if model not in ALIASES:
         return model
-    folder = alias_folder(model, data_dir)
-    if not (folder / MARKER_NAME).is_file():
-        raise ModelNotPrepared(
-            f"model {model!r} is not prepared: {folder} has no {MARKER_NAME}. Run `make demo-model` "
-            f"(or `.venv/bin/python -m app.engine.models.fetch {model} --data-dir {data_dir}`) once, then start again"
-        )
-    return str(folder)
+    folders = list(dict.fromkeys(Path(os.path.abspath(alias_folder(model, d))) for d in (Path(data_dir), *also)))
+    for folder in folders:
+        if (folder / MARKER_NAME).is_file():
+            return str(folder)
+    where = (f"neither {' nor '.join(str(f) for f in folders)} has {MARKER_NAME}" if len(folders) > 1
+             else f"{folders[0]} has no {MARKER_NAME}")
+    raise ModelNotPrepared(
+        f"model {model!r} is not prepared: {where}. Prepare it with `.venv/bin/python -m app.engine.models.fetch "
+        f"{model} --data-dir {data_dir}` (`make demo-model` prepares it under {PROJECT_DATA_DIR}), then start again"
+    )
