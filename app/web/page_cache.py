@@ -53,7 +53,7 @@ class PageCache:
             nonlocal size
             if message["type"] == "http.response.start":
                 start.update(message)
-            elif message["type"] == "http.response.body" and size <= MAX_KEPT_BYTES:
+            elif message["type"] == "http.response.body" and size <= MAX_KEPT_BYTES:  # past it: nothing kept
                 chunks.append(message.get("body", b""))
                 size += len(chunks[-1])
                 if not message.get("more_body", False) and start.get("status") == 200 and size <= MAX_KEPT_BYTES:
