@@ -21,8 +21,8 @@ os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment above)
-from tests.helpers.servers import (EDGE_LIMITS, EDGE_OPERATOR, OUTPUT_DIR, AppProcess, SecondServer,  # noqa: E402
-                                   app_env, serving, settings_for, start_services)
+from tests.helpers.servers import (EDGE_LIMITS, EDGE_OPERATOR, OUTPUT_DIR, SERVER_START_S, AppProcess,  # noqa: E402
+                                   SecondServer, app_env, serving, settings_for, start_services)
 from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
@@ -94,7 +94,7 @@ def server_url(services, engine_loop):
     config = uvicorn_config(create_app(services), services.settings, timeout_graceful_shutdown=2)
     server = uvicorn.Server(config)
     future = asyncio.run_coroutine_threadsafe(server.serve(), engine_loop)
-    wait_until(lambda: serving(server, future, services), 30, "the server to start")
+    wait_until(lambda: serving(server, future, services), SERVER_START_S, "the server to start")
     yield f"http://127.0.0.1:{services.settings.port}/"
     server.should_exit = True
     future.result(timeout=30)
@@ -114,6 +114,22 @@ def browser(services):
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield PatientBrowser(browser)
         browser.close()
+
+
+@pytest.fixture(autouse=True)
+def pages_closed_after_each_test(request):
+    """Every page and context a test opened in the session's browser is closed when it ends, passed or failed: a
+    failed test left its page open (streaming a long answer, polling), and on a machine busy with other work the
+    pages a run had piled up starved the browser until a later test's visible button took 90 s to answer."""
+    if "browser" not in request.fixturenames:
+        yield
+        return
+    browser = request.getfixturevalue("browser")
+    before = {id(getattr(c, "_impl_obj", c)) for c in browser.contexts}  # a module's own page stays open
+    yield
+    for context in browser.contexts:
+        if id(getattr(context, "_impl_obj", context)) not in before:
+            context.close()
 
 
 PATIENCE_MS = 90_000  # a wait that names no timeout, on a 2-core machine with two busy loops beside the suite

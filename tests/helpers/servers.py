@@ -48,6 +48,9 @@ def settings_for(data_dir: Path, **overrides):
         session_claims_per_minute=0,
         keep_warm_interval_s=0,
         engine_step_delays=True,  # so that a server on the session's engine can take slow_answers()
+        # A step is never 30 s on a quiet machine, but one starved by other work held a tiny Baichuan2's that long and
+        # the watchdog restarted its engine under a test: the tests of the watchdog set their own timeouts.
+        engine_stall_timeout_s=600,
     )
     values.update(overrides)
     return load_settings(environ={}, **values)
@@ -86,6 +89,11 @@ def start_services(settings):
 
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(build_services, settings).result()
+
+
+# A server is ready once its start-up warm-up has computed every template: a bound that returns as soon as it is,
+# not a time it must keep (two busy loops beside the suite held a tiny Baichuan2's warm-up past 60 s).
+SERVER_START_S = 600
 
 
 def serving(server, future, services, *, ready: bool = True) -> bool:
@@ -245,7 +253,7 @@ class SecondServer:
         app = self.app = create_app(self.services, admin_clock=self.admin_clock)
         self._server = uvicorn.Server(uvicorn_config(app, self.settings, timeout_graceful_shutdown=2))
         self._future = asyncio.run_coroutine_threadsafe(self._server.serve(), self.loop)
-        wait_until(lambda: serving(self._server, self._future, self.services, ready=self.wait_ready), 60,
+        wait_until(lambda: serving(self._server, self._future, self.services, ready=self.wait_ready), SERVER_START_S,
                    "the second server to start")
         return f"http://127.0.0.1:{self.settings.port}/"
 

@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from app.core.desk import STOPPED
-from tests.helpers.browser import DESKTOP, PHONE, VIEWPORTS, above_the_fold, assert_tidy, screenshot
+from tests.helpers.browser import DESKTOP, PHONE, VIEWPORTS, above_the_fold, assert_tidy, resize, screenshot
 from tests.helpers.chat_page import (ANSWERS, READY, ask, caption, clock, conversation, database_of, faults,
                                      long_answers_server, open_chat, wait_for_status)
 from tests.helpers.servers import SecondServer
@@ -120,6 +120,15 @@ def test_the_page_fits_the_screen_with_no_control_over_another(browser, server_u
         assert above_the_fold(page, selector), f"{selector} is below the fold after an answer"
     assert_tidy(page)
     screenshot(page, name)
+    if viewport == PHONE:  # the open sidebar fills the screen: its close button is whole and on it, over nothing
+        page.locator("#pd-sidebar .toggle-button").click()
+        page.wait_for_function("document.querySelector('#pd-sidebar').getBoundingClientRect().left >= 0")
+        resize(page, PHONE)  # settled once the slide has ended
+        assert above_the_fold(page, "#pd-sidebar .toggle-button")
+        assert page.locator("#chatbot .scroll-down-button-container").evaluate_all(
+            "els => els.filter(e => getComputedStyle(e).visibility === 'visible').length") == 0
+        assert_tidy(page)
+        screenshot(page, f"{name}-sidebar")
     page.close()
 
 

@@ -83,6 +83,11 @@ def test_the_last_question_is_edited_and_asked_again_and_thumbs_survive_a_reload
     page.locator("#chatbot .message.user").last.hover()
     pencils.last.click()
     page.locator("#chatbot .edit-textarea").fill(edited)
+    # The ✓ that sends the edit is in the Send button's colour, its ✗ the quiet grey of the other icons.
+    colour = "b => getComputedStyle(b).color"
+    send = page.locator("#send").evaluate("b => getComputedStyle(b).backgroundColor")
+    assert page.locator("#chatbot button[aria-label=发送]").evaluate(colour) == send
+    assert page.locator("#chatbot button[aria-label=取消]").evaluate(colour) != send
     screenshot(page, "chat-editing")
     page.locator("#chatbot button[aria-label=发送]").click()
     page.wait_for_function("q => [...document.querySelectorAll('#chatbot [data-testid=user]')].some("
