@@ -12,16 +12,12 @@ from admin.access import SESSION_COOKIE
 from admin.i18n import TEXT as CONSOLE_TEXT
 from app.core.prompts import common_prefix_len, system_text
 from tests.helpers.browser import DESKTOP, PHONE, assert_tidy, admin_page, screenshot, table_rows
-from tests.helpers.browser import open_tab as open_admin_tab
+from tests.helpers.browser import CONSOLE_TABS, open_tab
 from tests.helpers.servers import SecondServer, full_blocks, operator
 
 OPERATOR = ("op-browser", "browser secret 42")
 TEXT = "\n".join(f"Policy {i}: parcels of size {i} ship within {i + 1} days." for i in range(10))
 EDITED = TEXT + "\nPolicy 10: oversized parcels ship on Mondays."
-# The tab ids of admin/ui.py, in order.
-TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
-TAB_READY = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
-             "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +42,8 @@ def english(services, engine_loop, tmp_path_factory):
         yield url, ("admin", "english operator 7")
 
 
-def open_tab(page, tab: str, language: str = "zh") -> None:
-    """Select a console tab, through the "more tabs" menu where a narrow screen folds it away."""
-    open_admin_tab(page, tab, CONSOLE_TEXT[language][f"tab_{tab}"], TAB_READY[tab])
-
-
 def screenshot_every_tab(page, name: str, language: str = "zh") -> None:
-    for tab in TABS:
+    for tab in CONSOLE_TABS:
         open_tab(page, tab, language)
         screenshot(page, f"{name}-{tab}")
 
@@ -161,7 +152,7 @@ def test_the_console_speaks_the_ui_language(browser, request, server_url, accoun
 
     page = admin_page(browser, url, login, **DESKTOP)
     tabs = page.locator("[role=tablist] [role=tab]")
-    assert [tabs.nth(i).inner_text() for i in range(tabs.count())] == [t[f"tab_{tab}"] for tab in TABS]
+    assert [tabs.nth(i).inner_text() for i in range(tabs.count())] == [t[f"tab_{tab}"] for tab in CONSOLE_TABS]
     assert page.locator("#logout").inner_text() == t["logout"]
     page.locator("#pd-user").get_by_text(t["logged_in_as"].format(user=login[0]).replace("**", ""),
                                          exact=True).wait_for(timeout=90_000)

@@ -7,12 +7,9 @@ import re
 import pytest
 
 from admin.i18n import TEXT
-from tests.helpers.browser import DESKTOP, PHONE, admin_page, open_tab, screenshot
+from tests.helpers.browser import CONSOLE_TABS, DESKTOP, PHONE, admin_page, open_tab, screenshot
 from tests.helpers.servers import SecondServer, operator
 
-TABS = ("templates", "versions", "conversations", "warmup", "cache", "demo", "audit")
-READY = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
-         "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}
 # Words a zh console may show in Latin letters: the product, vLLM's names and units everyone uses untranslated.
 ALLOWED = {"prefixdesk", "vLLM", "KV", "TTFT", "ms", "GPU", "CPU", "CSV", "JSONL", "token", "LRU", "RSS", "MiB", "GiB",
            "UTC", "p50", "p10", "p90", "cache_salt", "ZMQ"}
@@ -72,11 +69,10 @@ def test_every_tab_speaks_the_consoles_language_only(browser, request, server_ur
         url, login = server_url, operator(services, "op-walker", "walk every label 8")
     else:
         url, login = request.getfixturevalue("english")
-    t = TEXT[language]
     page = admin_page(browser, url, login, **DESKTOP, locale="zh-CN" if language == "zh" else "en-US")
     found = {}
-    for tab in TABS:
-        open_tab(page, tab, t[f"tab_{tab}"], READY[tab])
+    for tab in CONSOLE_TABS:
+        open_tab(page, tab, language)
         page.wait_for_timeout(800)  # the tab's load handlers fill its labels
         texts = page.evaluate(TEXTS_JS, DATA)
         assert texts, tab
@@ -85,8 +81,8 @@ def test_every_tab_speaks_the_consoles_language_only(browser, request, server_ur
         screenshot(page, f"console-{language}-{tab}")
     assert found == {}, found
     page.set_viewport_size(PHONE)
-    for tab in TABS:
-        open_tab(page, tab, t[f"tab_{tab}"], READY[tab])
+    for tab in CONSOLE_TABS:
+        open_tab(page, tab, language)
         page.wait_for_timeout(300)
         screenshot(page, f"console-{language}-{tab}")
     page.close()

@@ -22,9 +22,6 @@ from tests.helpers.servers import collect, operator
 OPERATOR = ("op-loop", "the operator's loop 5")
 TEXT = "\n".join(f"Rule {i}: parcels of zone {i} arrive within {i + 2} days." for i in range(12))
 V2 = TEXT + "\nRule 12: always offer a person at the end."
-READY = {"conversations": "#conv-table", "versions": "#ver-table", "audit": "#audit-table",
-         "templates": "#templates-table"}
-LABEL = {"conversations": "对话", "versions": "版本", "audit": "审计日志", "templates": "模板"}
 # The published version the templates table shows for a template (its row found by name).
 PUBLISHED_JS = """name => {
   const cells = [...document.querySelectorAll('#templates-table [data-testid^="cell-"]')];
@@ -67,7 +64,7 @@ def ask(aio, services, template, message, conversation_id=None):
 
 
 def tab(page, name):
-    open_tab(page, name, LABEL[name], READY[name])
+    open_tab(page, name)
 
 
 def search(page, text="", rating=None, status=None):

@@ -167,16 +167,24 @@ def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int
     return page
 
 
-def open_tab(page, tab: str, label: str, ready: str) -> None:
-    """Select console tab ``tab`` (its id; ``label`` its name on screen), through the "more tabs" menu where a
-    narrow screen folds it away, and wait for ``ready`` (a selector in it)."""
+# The console's tabs (admin/ui.py's ids, in order) and an element each shows once its load has filled it.
+CONSOLE_TABS = {"templates": "#templates-table", "versions": "#ver-table", "conversations": "#conv-table",
+                "warmup": "#warm", "cache": "#cache-numbers .pd-card", "demo": "#demo-run", "audit": "#audit-table"}
+
+
+def open_tab(page, tab: str, language: str = "zh") -> None:
+    """Select console tab ``tab`` (its id) of a console in ``language``, through the "more tabs" menu where Gradio
+    folded it away (a narrow screen, or a bar it measured before a busy machine had laid out its fonts), and wait
+    until it has loaded."""
+    from admin.i18n import TEXT
+
     button = page.locator(f"[role=tab][data-tab-id={tab}]")
     if button.count() and button.is_visible():
         button.click()
     else:
         page.locator("button[aria-label='More tabs']").click()
-        page.locator(".overflow-dropdown button").filter(has_text=label).click()
-    page.locator(ready).first.wait_for(timeout=90_000)
+        page.locator(".overflow-dropdown button").filter(has_text=TEXT[language][f"tab_{tab}"]).click()
+    page.locator(CONSOLE_TABS[tab]).first.wait_for(timeout=90_000)
 
 
 def table_rows(page, selector: str) -> list[list[str]]:

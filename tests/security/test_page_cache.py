@@ -13,12 +13,10 @@ is never kept); at most KEPT copies of at most MAX_KEPT_BYTES each are kept, wha
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
-
 import httpx
 
 from app.web.page_cache import KEPT, MAX_KEPT_BYTES, PageCache
+from tests.helpers import asgi
 
 FORGED = {"x-forwarded-host": "attacker.example", "x-forwarded-proto": "https"}
 
@@ -52,20 +50,8 @@ def test_no_browser_ever_gets_the_cookie_another_was_issued(server_url):
 
 
 def _run(cache: PageCache, path: str, host: bytes) -> tuple[int, int]:
-    sent = []
-
-    async def receive():
-        return {"type": "http.request", "body": b"", "more_body": False}
-
-    async def send(message):
-        sent.append(message)
-
-    scope = {"type": "http", "method": "GET", "path": path, "query_string": b"", "scheme": "http",
-             "server": ("127.0.0.1", 80), "headers": [(b"host", host)]}
-    # A thread of its own: the suite's browser keeps an event loop running in the main thread.
-    with ThreadPoolExecutor(1) as pool:
-        pool.submit(asyncio.run, cache(scope, receive, send)).result()
-    return sent[0]["status"], sum(len(m.get("body", b"")) for m in sent[1:])
+    status, body = asgi.get(cache, path, host=host)
+    return status, len(body)
 
 
 def test_a_client_varying_its_host_or_a_huge_page_keeps_no_more_than_the_bound():

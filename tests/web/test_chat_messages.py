@@ -2,9 +2,7 @@
 exactly what Gradio's Chatbot would have made of the text as the chat shows it (HTML escaped: as_text; an
 answer's Markdown as HTML: app/chat/markdown.py), or the page would show something else."""
 
-import asyncio
 import inspect
-from concurrent.futures import ThreadPoolExecutor
 
 import gradio as gr
 
@@ -15,6 +13,7 @@ from app.chat.render import _message, as_text, whole_clusters
 from app.chat.stream import _stream
 from app.chat.text import TEXT
 from app.core.desk import Progress
+from tests.helpers.asgi import run_apart
 
 CASES = [
     ("user", "我刚买的手机屏幕碎了能退吗？", None),
@@ -70,9 +69,7 @@ def test_a_streaming_answer_never_ends_inside_a_grapheme_cluster():
         return [update[0][-1]["content"][0]["text"] async for update in
                 _stream(events(), [], None, "key", TEXT["zh"], "zh", lambda: 0.0)]
 
-    # On a thread of its own: a browser test earlier in the session may have left its loop on this one.
-    with ThreadPoolExecutor(1) as pool:
-        shown = pool.submit(asyncio.run, updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"])).result()
+    shown = run_apart(updates(["写代码的人👩\u200d", "写代码的人👩\u200d💻"]))
     assert shown == [streaming_html("写代码的人"), streaming_html("写代码的人👩\u200d💻")]
 
 
@@ -81,8 +78,6 @@ def test_a_handler_that_fails_leaves_every_output_of_its_event_as_it_is():
     async def broken(session_key, open_id):
         raise RuntimeError("a fault the page must not show")
 
-    # A loop of its own, on a thread: the browser tests' Playwright keeps one running on this one.
-    with ThreadPoolExecutor(1) as pool:
-        outputs = pool.submit(asyncio.run, broken("", None)).result()
+    outputs = run_apart(broken("", None))
     assert type(outputs) is Loaded and len(outputs) == len(Loaded._fields) == 8
     assert list(outputs) == [gr.skip()] * 8
