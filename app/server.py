@@ -132,6 +132,7 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     from app.chat.text import gradio_words, model_label
     from app.web.gradio_state import PAGE_LIFE_HEAD, end_session, keep_no_snapshots, no_heartbeat_stream
     from app.web.page_cache import PageCache
+    from app.web.page_locale import speak, translations
     from app.web.sessions import SessionGuard
 
     settings = services.settings
@@ -161,8 +162,9 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     _queue(blocks, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CONSOLE_PROGRESS_POLL_S)
     no_heartbeat_stream(blocks)
+    speak(blocks, settings.ui_language)
     gr.mount_gradio_app(app, blocks, path="/admin", css=CONSOLE_CSS, js=admin_js(settings.ui_language),
-                        max_file_size=f"{settings.max_upload_mib}mb",
+                        max_file_size=f"{settings.max_upload_mib}mb", i18n=translations(settings.ui_language),
                         blocked_paths=_blocked_paths(settings), **mount)
     _keep_files_in(app, "/admin", blocks, admin_files)
     chat = build_chat(services.desk, services.engine.info, language=settings.ui_language,
@@ -173,10 +175,12 @@ def create_app(services: Services, *, admin_clock: Clock | None = None) -> FastA
     _queue(chat, settings.queue_max_size, services.engine.info.max_concurrent_requests,
            progress_poll_s=CHAT_PROGRESS_POLL_S)
     no_heartbeat_stream(chat)
-    # Gradio's own words on the page (its buttons' labels) in the page's language, whatever the browser's.
+    # Gradio's own words on the page (its buttons' labels) in the page's language, whatever the browser's: the
+    # page's own words for its chatbot's buttons, Gradio's for the rest (app/web/page_locale.py).
+    speak(chat, settings.ui_language)
     gr.mount_gradio_app(app, chat, path="", css=CHAT_CSS, js=page_js(settings.ui_language), max_file_size="1kb",
                         blocked_paths=[*_blocked_paths(settings), str(admin_files)],
-                        i18n=gr.I18n(**gradio_words(settings.ui_language)), **mount)
+                        i18n=translations(settings.ui_language, gradio_words(settings.ui_language)), **mount)
     keep_no_snapshots(app, blocks)
     keep_no_snapshots(app, chat)
     for mounted in (blocks, chat):

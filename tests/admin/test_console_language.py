@@ -1,6 +1,7 @@
 """Every visible label of every console tab speaks the console's language: no English left in the zh console
-(beyond product names and units), no Chinese in the en one — walked in a real browser whose language is the
-console's (Gradio's own texts follow the browser), with a screenshot of every tab at both widths."""
+(beyond product names and units), no Chinese in the en one — Gradio's own labels too, walked in a real browser
+whose language is the *other* one (Gradio would follow the browser's: app/web/page_locale.py), with a screenshot
+of every tab at both widths."""
 
 import re
 
@@ -69,7 +70,8 @@ def test_every_tab_speaks_the_consoles_language_only(browser, request, server_ur
         url, login = server_url, operator(services, "op-walker", "walk every label 8")
     else:
         url, login = request.getfixturevalue("english")
-    page = admin_page(browser, url, login, **DESKTOP, locale="zh-CN" if language == "zh" else "en-US")
+    page = admin_page(browser, url, login, **DESKTOP, locale="en-US" if language == "zh" else "zh-CN")
+    assert page.evaluate("document.documentElement.lang") == {"zh": "zh-CN", "en": "en"}[language]
     found = {}
     for tab in CONSOLE_TABS:
         open_tab(page, tab, language)

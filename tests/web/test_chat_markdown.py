@@ -95,8 +95,8 @@ def test_a_persons_markdown_renders_safely_and_a_question_stays_text(browser, se
     assert answers_html(page)[1:] == shown[1:]
     assert page.evaluate(DANGER_JS) == []
     # The reloaded page scrolls itself to the last message; until it has, Gradio floats its "Scroll down" over it.
-    page.wait_for_function("() => ![...document.querySelectorAll('#chatbot button')].some(b => b.offsetParent !== null"
-                           " && /scroll/i.test(b.getAttribute('aria-label') || b.innerText))", timeout=90_000)
+    page.wait_for_function("() => ![...document.querySelectorAll('#chatbot .scroll-down-button-container button')]"
+                           ".some(b => b.offsetParent !== null)", timeout=90_000)
     assert_tidy(page)
     screenshot(page, "chat-markdown")
     # Copy under the answers gives what the customer reads, not the HTML the page draws it from.

@@ -165,7 +165,7 @@ def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_lang
     context = browser.new_context(viewport=DESKTOP, locale=locale)
     try:
         page = open_chat(browser, server_url, page=context.new_page())
-        assert page.evaluate("navigator.language") == locale
+        assert page.evaluate("document.documentElement.lang") == "zh-CN"  # the page's, not the browser's
         page.locator("#message textarea").fill(f"运费怎么算？{tag()}")
         page.locator("#message textarea").press("Enter")
         page.locator(ANSWERS).first.locator(".thought-group").wait_for(timeout=120_000)

@@ -160,11 +160,13 @@
     e.clipboardData.setData('text/plain', plain(area.value));
     e.preventDefault();
   }, true);
-  // Gradio names a thumb it has marked in English of its own ("Liked", "Disliked", not in its translations): the
-  // page's words instead, as it sets them (an attribute alone changes).
-  const THUMBS = {Liked: TEXT.liked, Disliked: TEXT.disliked};
+  // Gradio names a thumb it has marked, and the chat's scroll-down arrow, in English of its own ("Liked",
+  // "Disliked", "Scroll down": not in its translations): the page's words instead, as it sets them (an attribute
+  // alone changes).
+  const THUMBS = {Liked: TEXT.liked, Disliked: TEXT.disliked, 'Scroll down': TEXT.scroll_down};
   const thumbs = () => {
-    for (const b of document.querySelectorAll('#chatbot button[aria-label=Liked], #chatbot button[aria-label=Disliked]')) {
+    for (const b of document.querySelectorAll('#chatbot button[aria-label=Liked], #chatbot button[aria-label=Disliked], '
+                                              + '#chatbot button[aria-label="Scroll down"]')) {
       const said = THUMBS[b.getAttribute('aria-label')];
       b.setAttribute('aria-label', said);
       if (b.hasAttribute('title')) b.setAttribute('title', said);
