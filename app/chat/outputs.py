@@ -38,8 +38,9 @@ class Stopped(NamedTuple):
 
 
 class Reported(NamedTuple):
-    """The last answer's caption with the first glyph's time the page measured."""
-    chatbot: Any
+    """The shown conversation with the last answer's caption saying the first glyph's time the page measured. The
+    chatbot is not drawn again: the page has written the time into the caption itself (static/chat.js), and a
+    redraw would have unmarked a 👍 given meanwhile."""
     shown: Any
 
 

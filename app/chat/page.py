@@ -57,7 +57,7 @@ def page_js(language: str) -> str:
     """The page's script with the texts it shows itself, in the UI language."""
     t = TEXT[language]
     shown = ("offline", "offline_title", "cut_off", "notice", "waiting_person", "with_person", "released", "pasted_cut",
-             "delete_confirm", "liked", "disliked", "scroll_down")
+             "delete_confirm", "liked", "disliked", "scroll_down", "answered", "answered_in", "first_text")
     return JS.replace("/*PD_TEXT*/{}", json.dumps({k: t[k] for k in shown}))
 
 

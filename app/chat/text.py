@@ -299,7 +299,7 @@ def caption_title(m: MessageRow, language: str) -> str:
 
 def caption_details(m: MessageRow, language: str) -> str:
     """The figures behind the caption: the screen's first text, the server's start, what was read before, the
-    speed; the page fills in a first text it measured itself (the pd-glyph span) until the stored one comes."""
+    speed; the page writes the first text it measured itself into the caption on screen (static/chat.js)."""
     t = TEXT[language]
     shown = f"{m.first_visible_ms:.0f}" if m.first_visible_ms is not None else "—"
     parts = [t["first_text"].format(ms=shown)]

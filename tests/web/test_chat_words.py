@@ -185,3 +185,40 @@ def test_the_zh_page_shows_gradios_buttons_in_chinese_whatever_the_browsers_lang
         assert faults(page) == []
     finally:
         context.close()
+
+
+def test_a_thumb_given_while_the_first_text_report_is_on_its_way_stays_marked(browser, server_url):
+    # The page's report of the answer's first text is held until the customer has given a 👍. Its answer used to
+    # draw the chatbot again (the caption's new title), which unmarked the 👍: it now carries the shown state only,
+    # and the page wrote the time into the caption itself.
+    from tests.helpers.attack import config, dependency
+
+    report = dependency(config(server_url), "report_first_visible")["id"]
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        page = open_chat(browser, server_url, page=context.new_page())
+        held = []
+
+        def hold(route):
+            if (route.request.post_data_json or {}).get("fn_index") == report:
+                held.append(route)
+            else:
+                route.continue_()
+        page.route("**/gradio_api/run/predict", hold)
+        page.locator("#message textarea").fill(f"运费怎么算？{tag()}")
+        page.locator("#message textarea").press("Enter")
+        caption_of(page, 0).filter(has_text="秒内开始回复").wait_for(timeout=120_000)  # written by the page
+        while not held:
+            page.wait_for_timeout(50)  # (route handlers run while the page waits)
+        page.locator("#chatbot button[aria-label='有帮助']").last.click()
+        page.locator("#chatbot button[aria-label='已标为有帮助']").wait_for(timeout=90_000)
+        with page.expect_response(lambda r: "run/predict" in r.url and
+                                  (r.request.post_data_json or {}).get("fn_index") == report) as answered:
+            held[0].continue_()
+        assert answered.value.status == 200
+        assert len(answered.value.json()["data"]) == 1  # the shown state: nothing drawn again
+        page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
+        assert page.locator("#chatbot button[aria-label='已标为有帮助']").count() == 1
+        assert faults(page) == []
+    finally:
+        context.close()

@@ -230,8 +230,9 @@ async def after_stop(chat: ChatContext, conversation_id: Any, session_key: str, 
 @calm(Reported)
 async def report_first_visible(chat: ChatContext, report: Any, conversation_id: Any, session_key: str, shown: list,
                                request: gr.Request):
-    """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the
-    caption's title says it. Anything but a whole number of milliseconds in range is ignored."""
+    """The page's own measure of its last answer's first text (chat.js): stored with the answer, and the shown
+    conversation's caption says it (the page wrote it into the caption on screen itself). Anything but a whole
+    number of milliseconds in range is ignored."""
     key = chat.keys.browser(session_key)
     ms = _first_visible_ms(report)
     conversation_id = _conversation_id(conversation_id)
@@ -247,7 +248,7 @@ async def report_first_visible(chat: ChatContext, report: Any, conversation_id: 
     if row is None or last is None:
         return nothing(Reported)
     shown[last:] = _answer_messages(row, chat.t, chat.language)[-1:] + shown[last + 1:]
-    return Reported(shown, shown)
+    return Reported(shown)
 
 
 def _first_visible_ms(report: Any) -> int | None:

@@ -3,8 +3,10 @@
   // screen. Each answer is one bot group in the chatbot; the question's answer is the group at the index the
   // chat had groups when it was sent (Retry: the last group, once the old answer, captioned, has gone). The
   // time is taken after the next frame is painted (requestAnimationFrame runs before the paint, the task after
-  // it runs after). Once the answer's caption is drawn, the time goes to the server through the page's private
-  // report box (#pd-glyph-report), which stores it with the answer and writes it into the caption's title.
+  // it runs after). Once the answer's caption is drawn, the page writes the time into it (its title and its first
+  // figure, as the server words them: app/chat/text.py) and sends it to the server through its private report box
+  // (#pd-glyph-report), which stores it with the answer. The chatbot is not drawn again for it: a redraw would
+  // unmark a 👍 given meanwhile.
   const state = window.__pdGlyph = window.__pdGlyph || {pending: null, measured: [], byAnswer: {}, reported: {}};
   const answers = () => [...document.querySelectorAll('#chatbot .message.bot')];
   const captioned = (group) => !!group.querySelector('.thought-group');
@@ -262,6 +264,21 @@
       }
     }
   };
+  // The caption as the server will store it: "已回复 · …" → "1.2 秒内开始回复 · …" (seconds rounded up to a tenth, as
+  // app/chat/text.py:seconds), and the first figure's "—" → the milliseconds. Only text still saying neither changes.
+  const seconds = (ms) => { const tenths = Math.max(1, Math.ceil(ms / 100)); return `${Math.floor(tenths / 10)}.${tenths % 10}`; };
+  const timed = (group, ms) => {
+    const captions = group.querySelectorAll('.thought-group');
+    const caption = captions[captions.length - 1];
+    const unmeasured = TEXT.first_text.replace('{ms}', '—'), measured = TEXT.first_text.replace('{ms}', String(ms));
+    const walk = document.createTreeWalker(caption, NodeFilter.SHOW_TEXT);
+    for (let node = walk.nextNode(); node; node = walk.nextNode()) {
+      if (node.data.trimStart().startsWith(TEXT.answered + ' ·')) {
+        node.data = node.data.replace(TEXT.answered, TEXT.answered_in.replace('{s}', seconds(ms)));
+      }
+      if (node.data.includes(unmeasured)) node.data = node.data.replace(unmeasured, measured);
+    }
+  };
   new MutationObserver(() => {
     localTimes();
     composer();
@@ -283,7 +300,9 @@
     }
     for (const [index, ms] of Object.entries(state.byAnswer)) {
       const group = answers()[+index];
-      if (!state.reported[index] && group && captioned(group)) { state.reported[index] = true; report(ms); }
+      if (!group || !captioned(group)) continue;
+      timed(group, ms);  // again whenever Gradio draws the caption anew (opened, or redrawn from the answer's value)
+      if (!state.reported[index]) { state.reported[index] = true; report(ms); }
     }
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   if (window.matchMedia('(max-width: 640px)').matches) {
