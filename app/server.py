@@ -438,6 +438,9 @@ def _lifespan(app: FastAPI, services: Services, *, folders: tuple[Path, ...],
                 yield state
         finally:
             warming.cancel()
+            # Answers whose pages went away are written on by themselves (app/core/answering.py): stored as
+            # stopped now, before the engine goes.
+            await services.desk.stop_all()
             if on_stop is not None:
                 on_stop()
             for folder in folders:

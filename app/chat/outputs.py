@@ -37,6 +37,14 @@ class Stopped(NamedTuple):
     conversations: Any
 
 
+class Followed(NamedTuple):
+    """An answer written for a page that went away, followed by its reload: the answer so far, then the stored
+    conversation and the timer stopped."""
+    chatbot: Any
+    shown: Any
+    answer_timer: Any
+
+
 class Reported(NamedTuple):
     """The shown conversation with the last answer's caption saying the first glyph's time the page measured. The
     chatbot is not drawn again: the page has written the time into the caption itself (static/chat.js), and a
@@ -54,6 +62,7 @@ class Loaded(NamedTuple):
     conversation_id: Any
     person_timer: Any
     seen: Any
+    answer_timer: Any  # on while the open conversation's answer is still written for the page before a reload
 
 
 class Opened(NamedTuple):

@@ -39,6 +39,7 @@ from app.core.session_keys import SessionKeys
 from app.engine import EngineInfo
 
 PERSON_POLL_S = 3.0  # how often a page whose conversation a person has asks for their replies
+FOLLOW_S = 0.5  # how often a reloaded page asks for the answer its page before the reload had asked for
 STATIC = Path(__file__).with_name("static")
 CSS = (STATIC / "chat.css").read_text(encoding="utf-8")
 # The page's script: the browser's first-glyph clock, and the sidebar closed on a phone.
@@ -125,6 +126,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         # While a person has the conversation the page asks for their replies every few seconds (and only then).
         person_timer = gr.Timer(PERSON_POLL_S, active=False)
         seen = gr.State(0)  # the last message id the page has shown, for the poll
+        # While an answer asked for before a reload is still written, the reloaded page follows it (and only then).
+        answer_timer = gr.Timer(FOLLOW_S, active=False)
         with gr.Row(elem_id="pd-composer", equal_height=True):
             box = gr.Textbox(placeholder=t["placeholder"], show_label=False, elem_id="message", scale=8, lines=1,
                              max_lines=6, max_length=20_000, autofocus=True, submit_btn=False, container=False)
@@ -143,7 +146,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         parts = {"session_key": session_key, "template": template, "conversations": conversations_radio,
                  "chatbot": chatbot, "shown": shown, "conversation_id": conversation_id, "returned": returned,
                  "box": box, "new_title": new_title, "person_timer": person_timer, "seen": seen,
-                 "reason_row": reason_row, "rating_for": rating_for, "reason": reason, "thanks": thanks}
+                 "reason_row": reason_row, "rating_for": rating_for, "reason": reason, "thanks": thanks,
+                 "answer_timer": answer_timer}
 
         def out(fields: type[tuple]) -> list:
             return [parts[name] for name in fields._fields]
@@ -178,6 +182,8 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
         person_btn.click(on(person.ask_person), [conversation_id, session_key, shown], out(outputs.PersonAsked),
                          queue=False, **private)
         person_timer.tick(on(person.poll), [conversation_id, session_key, shown, seen], out(outputs.Polled),
+                          queue=False, **private)
+        answer_timer.tick(on(answers.follow), [conversation_id, session_key, shown], out(outputs.Followed),
                           queue=False, **private)
         # One short request when the page loads, outside the queue (no event stream to open and close for it).
         demo.load(on(conversations.on_load), [session_key, conversation_id], out(outputs.Loaded), queue=False,

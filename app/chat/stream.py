@@ -9,7 +9,6 @@ every update and only the answer's message is new, and the server-side states ar
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import gradio as gr
 
@@ -23,38 +22,6 @@ from app.db.states import Handoff
 # and at the desk's fifty a second a slow or busy device falls seconds behind and stops answering clicks.
 # Under load the interval grows (update_interval_s): the server's cost is per update, not per token.
 UI_UPDATE_INTERVAL_S = 0.1
-
-
-class _Ahead:
-    """The desk's events with the first one already on its way: while Gradio sends the question to the
-    page, the desk stores it and the engine starts answering (both off the path to the first glyph).
-    ``aclose`` stops an answer whose first event nobody took (the page went away meanwhile), and waits for
-    the first event's task to end before it closes the desk's generator: a Stop that lands while the first
-    event is still coming cancels that task too, and closing a generator that task still runs would raise
-    ("asynchronous generator is already running") in place of the quiet stop."""
-
-    def __init__(self, events: AsyncIterator[Progress | Finished]):
-        self._events = events
-        self._first: asyncio.Future | None = asyncio.ensure_future(anext(events))
-        self._pending: asyncio.Future | None = self._first
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self) -> Progress | Finished:
-        if self._first is None:
-            return await anext(self._events)
-        first, self._first = self._first, None
-        return await first
-
-    async def aclose(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None and not pending.done():
-            pending.cancel()
-            await asyncio.wait({pending})  # the desk stores the answer as stopped
-        if pending is not None and not pending.cancelled():
-            pending.exception()  # retrieved: a refusal nobody will read is not an error
-        await self._events.aclose()
 
 
 def update_interval_s(answers_in_flight: int, updates_per_s: int) -> float:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from functools import partial, wraps
 
+from app.core.answering import Answering
 from app.core.cache_figures import shared_prefix_tokens, shown_cached_tokens
 from app.core.catalog import TemplateCatalog, TemplateNotFound, split_version
 from app.core.limits import ClientLimiter, FeedbackLimiter, RateLimited
@@ -145,6 +146,9 @@ class Desk:
         # The conversation each browser's last new-conversation turn on this desk created (the newest
         # NEW_CONVERSATIONS_KEPT browsers): what a Stop cut off before its page learnt the conversation's id.
         self._started: OrderedDict[str, int] = OrderedDict()
+        # The answers a page asked for, each driven to its end whoever reads it (app/core/answering.py), by browser:
+        # what a Stop ends, and what a page that opens the conversation meanwhile follows.
+        self._answering: dict[str, set[Answering]] = {}
 
     def tenant_salt(self, tenant: str) -> str | None:
         """The cache_salt of ``tenant``: its prompts share blocks with each other and with no one else.
@@ -366,6 +370,38 @@ class Desk:
             if not pending:
                 return rows
             await asyncio.wait({asyncio.ensure_future(e.wait()) for e in pending})
+
+    def keep_answering(self, events: AsyncIterator[Progress | Finished], *, session_key: str,
+                       conversation_id: int | None) -> Answering:
+        """``events`` (``answer``, ``retry``, ``edit_last`` or ``continue_answer`` of this browser's, asked in
+        ``conversation_id``; None: a new one) run to their end whoever reads them: the page that asked reads the
+        Answering, and a page that goes away meanwhile leaves the answer to be written and stored. A Stop ends it
+        (``stop_answers``)."""
+        answering = Answering(events, conversation_id=conversation_id, on_end=partial(self._answered, session_key))
+        self._answering.setdefault(session_key, set()).add(answering)
+        return answering
+
+    def answering(self, *, session_key: str, conversation_id: int) -> Answering | None:
+        """The answer this browser asked for in ``conversation_id`` that this desk is still writing, if any."""
+        return next((a for a in self._answering.get(session_key, ()) if a.conversation_id == conversation_id
+                     and not a.done), None)
+
+    async def stop_answers(self, *, session_key: str, conversation_id: int | None) -> None:
+        """A Stop: this browser's answers in ``conversation_id`` end now, stored as stopped (and so does one it
+        asked in a new conversation whose id is not known yet: the Stop came before its first text). Returns once
+        they have ended."""
+        ours = [a for a in self._answering.get(session_key, ()) if a.conversation_id in (conversation_id, None)]
+        await asyncio.gather(*(a.stop() for a in ours))
+
+    async def stop_all(self) -> None:
+        """Every answer still written ends now, stored as stopped (the server is stopping)."""
+        await asyncio.gather(*(a.stop() for ours in list(self._answering.values()) for a in list(ours)))
+
+    def _answered(self, session_key: str, answering: Answering) -> None:
+        ours = self._answering.get(session_key, set())
+        ours.discard(answering)
+        if not ours:
+            self._answering.pop(session_key, None)
 
     async def turns_written(self, *, session_key: str) -> None:
         """Returns once the turns of this browser that this desk began storing are stored (or refused): a new

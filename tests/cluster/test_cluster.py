@@ -348,7 +348,7 @@ def test_the_chat_page_shows_a_remote_answer_in_paced_pieces_and_its_end_at_once
                                                                                  engine_loop, aio, tmp_path, whole):
     """The page's stream over the remote engine: a 128-token answer in updates bounded by its duration (one per
     pacing interval), and after the engine's last token exactly one update, the stored answer."""
-    from app.chat.stream import _Ahead, _stream
+    from app.chat.stream import _stream
     from app.chat.text import TEXT
     from app.server import build_services
 
@@ -359,15 +359,16 @@ def test_the_chat_page_shows_a_remote_answer_in_paced_pieces_and_its_end_at_once
     pace_s = 0.1
 
     async def page():
-        events = _Ahead(services.desk.answer(session_key="paced-page", client="127.0.0.1", template_name="support-en",
-                                             message=f"Where is my parcel? {uuid.uuid4().hex}", history=[],
-                                             conversation_id=None))
+        events = services.desk.keep_answering(services.desk.answer(
+            session_key="paced-page", client="127.0.0.1", template_name="support-en",
+            message=f"Where is my parcel? {uuid.uuid4().hex}", history=[], conversation_id=None),
+            session_key="paced-page", conversation_id=None)
         updates = []
         try:
             async for update in _stream(events, [], None, "paced-page", TEXT["en"], "en", lambda: pace_s):
                 updates.append((time.perf_counter(), update))
         finally:
-            await events.aclose()
+            events.detach()
         return updates
 
     try:

@@ -14,29 +14,9 @@ import pytest
 
 from app.core.desk import STOPPED, Progress
 from app.db import conversations as db_conversations
-from tests.helpers.desks import desk_for
+from tests.helpers.desks import HOLD_S, HeldFinish, desk_for
 
 CLIENT = "192.0.2.43"
-HOLD_S = 120  # how long a held write waits to be let go: a test that failed on the way lets the store go on
-
-
-class HeldFinish:
-    """The store's finish_answer from now on, each held before it writes until ``release()``."""
-
-    def __init__(self, monkeypatch):
-        self.entered = threading.Event()
-        self._released = threading.Event()
-        finish = db_conversations.finish_answer
-
-        def held(s, **kwargs):
-            self.entered.set()
-            self._released.wait(HOLD_S)
-            return finish(s, **kwargs)
-
-        monkeypatch.setattr(db_conversations, "finish_answer", held)
-
-    def release(self) -> None:
-        self._released.set()
 
 
 @pytest.fixture

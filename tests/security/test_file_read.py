@@ -38,13 +38,14 @@ def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url
     cfg = config(server_url)
     events = [(i, d) for i, d in enumerate(cfg["dependencies"]) if d.get("backend_fn")]
     # The page's events and their inputs: send ×2, retry, continue, a suggested question, an edited question, the
-    # sidebar after each, stop, the first-text report, thumbs, the reason ×2, a person, the person's poll, load,
+    # sidebar after each, stop, the first-text report, thumbs, the reason ×2, a person, the person's poll, following
+    # an answer asked for before a reload, load,
     # open conversation, new / topic, rename, delete, the topics' refresh, the trash icon, /chat.
     assert [(d.get("api_name"), len(d["inputs"])) for _, d in events] == [
         ("send", 5), ("send_1", 5), ("retry", 3), ("go_on", 3), ("ask_suggested", 4), ("edit", 3),
         ("after_answer", 4), ("after_answer_1", 4), ("after_answer_2", 4), ("after_answer_3", 4),
         ("after_answer_4", 4), ("after_answer_5", 4), ("after_stop", 3), ("report_first_visible", 4), ("rated", 2),
-        ("send_reason", 3), ("send_reason_1", 3), ("ask_person", 3), ("poll", 4), ("on_load", 2),
+        ("send_reason", 3), ("send_reason_1", 3), ("ask_person", 3), ("poll", 4), ("follow", 3), ("on_load", 2),
         ("open_conversation", 2), ("fresh", 1), ("change_topic", 3), ("rename", 3), ("delete", 3), ("lambda", 0),
         ("fresh_1", 1), ("chat", 5)]
     secrets_on_disk = [(settings.data_dir / n).read_text() for n in ("tenant-salt.key", "browser-state.key")]

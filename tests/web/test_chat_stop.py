@@ -1,6 +1,7 @@
 """Stop, many times over, as an impatient customer presses it: in one page one answer after another, and across
 pages. Each Stop keeps the partial answer (stored as stopped, shown with its mark), lists the conversation in the
-sidebar at once, and leaves the page working: no "Error" badge, no toast, the box and the buttons usable."""
+sidebar at once, and leaves the page working: no "Error" badge, no toast, the box and the buttons usable. Only Stop
+ends an answer: a reload mid-answer follows it to its end."""
 
 import time
 
@@ -9,10 +10,16 @@ import pytest
 from app.core.desk import STOPPED
 from tests.helpers.browser import DESKTOP, PHONE, screenshot
 from tests.helpers.chat_page import (ANSWERS, caption, conversation, database_of, faults, long_answers_server,
-                                     open_chat, tag)
+                                     open_chat, tag, wait_ready)
+from tests.helpers.desks import HOLD_S, HeldFinish
 
 STOPS_IN_ONE_PAGE = 20
 PAGES = 10  # one Stop each, then a second page in the same browser context reopens it
+# The first answer's text is on screen, and its caption is not: it is still being written.
+UNCAPTIONED_TEXT = """() => {
+    const g = document.querySelector('#chatbot .message.bot');
+    return !!g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
+}"""
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +79,32 @@ def test_thirty_stops_never_break_the_page(browser, long_answers, engine):
         page.close()
     assert engine.num_unfinished_requests() == 0
     print(f"{STOPS_IN_ONE_PAGE + PAGES} stops in {time.monotonic() - started:.1f} s")
+
+
+def test_a_reload_mid_answer_follows_the_answer_to_its_end_and_never_stops_it(browser, long_answers, monkeypatch):
+    # Only Stop ends an answer: a page reloaded while its answer streams shows the answer going on (the store of its
+    # end is held, so the reloaded page certainly finds it still written), then the answer as stored, whole.
+    url, db = long_answers
+    page = open_chat(browser, url)
+    question = f"Explain the warranty, step by step. reload {tag()}"
+    box = page.locator("#message textarea")
+    box.fill(question)
+    box.press("Enter")
+    page.wait_for_function(UNCAPTIONED_TEXT, timeout=120_000)
+    held = HeldFinish(monkeypatch)
+    try:
+        page.reload()
+        wait_ready(page)
+        page.wait_for_function(UNCAPTIONED_TEXT, timeout=120_000)  # the answer so far, followed
+        assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [question]
+        assert held.entered.wait(HOLD_S)  # written to its end, not stopped by the reload
+        assert [r["status"] for r in conversation(db, question)] == ["ok", "generating"]
+    finally:
+        held.release()
+    caption(page, 0).filter(has_text="Answered").wait_for(timeout=120_000)  # the answer as stored
+    rows = conversation(db, question)
+    assert [(r["role"], r["status"], r["error"]) for r in rows] == [("user", "ok", None), ("assistant", "ok", None)]
+    assert rows[1]["output_tokens"] == 750  # whole
+    assert page.locator(ANSWERS).count() == 1
+    assert faults(page) == []
+    page.close()

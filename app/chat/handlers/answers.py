@@ -14,9 +14,10 @@ from typing import Any
 import gradio as gr
 
 from app.chat.context import ChatContext, _conversation_id, calm, own
-from app.chat.outputs import Answered, Reported, Screen, Stopped, nothing
-from app.chat.render import _answer_id, _answer_messages, _choices, _feedback, _history_messages, _message
-from app.chat.stream import _Ahead, _stream
+from app.chat.outputs import Answered, Followed, Reported, Screen, Stopped, nothing
+from app.chat.render import (_answer_id, _answer_messages, _choices, _feedback, _history_messages, _message,
+                             shown_answer, whole_clusters)
+from app.chat.stream import _stream
 from app.core.callers import TenantRefused
 from app.core.desk import MAX_FIRST_VISIBLE_MS, DeskInputError
 from app.db.rows import MessageRow
@@ -30,12 +31,16 @@ async def on_screen(chat: ChatContext, shown: list, base: list, conversation_id,
     question at once, then the answer as it streams, then the stored conversation. A refusal shows the
     conversation as it was (``shown``) with the desk's notice, and hands ``restore`` back to the box.
     ``rows``: the stored conversation, when the answer replaces the last one (Retry, an edit): the thumbs
-    shown are set again from it, so the old answer's 👍 does not mark the new one."""
-    events = _Ahead(events)
+    shown are set again from it, so the old answer's 👍 does not mark the new one.
+
+    The answer runs to its end whoever reads it (app/core/answering.py): when Gradio closes this event (the page
+    was reloaded or closed, or Stop cancelled it) the answer goes on and is stored; a Stop ends it (after_stop),
+    and a page that opens the conversation meanwhile follows it (``follow``)."""
+    answering = chat.desk.keep_answering(events, session_key=session_key, conversation_id=conversation_id)
     try:
         first = base if rows is None else gr.update(value=base, feedback_value=_feedback(base, rows))
         yield Screen(first, base, conversation_id, session_key, gr.skip())
-        async for update in _stream(events, base, conversation_id, session_key, chat.t, chat.language,
+        async for update in _stream(answering, base, conversation_id, session_key, chat.t, chat.language,
                                   chat.pace_s):
             yield update
     except DeskInputError as exc:
@@ -44,7 +49,7 @@ async def on_screen(chat: ChatContext, shown: list, base: list, conversation_id,
         log.exception("the chat's answer failed")
         yield _marked(chat.refused(shown, chat.t["internal"], conversation_id, session_key, restore), rows)
     finally:
-        await events.aclose()
+        answering.detach()
 
 
 def _marked(screen: Screen, rows: list[MessageRow] | None) -> Screen:
@@ -220,11 +225,37 @@ async def after_stop(chat: ChatContext, conversation_id: Any, session_key: str, 
         newest = listed[0] if listed else None
         started = await chat.desk.last_started(session_key=key)
         if newest is None or newest.id != started or newest.num_messages > 2:
+            await chat.desk.stop_answers(session_key=key, conversation_id=None)  # one the desk had not begun
             return nothing(Stopped)._replace(conversations=_choices(listed, chat.t))
         conversation_id = newest.id
+    # The cancelled event left its answer running (on_screen): the Stop ends it here.
+    await chat.desk.stop_answers(session_key=key, conversation_id=conversation_id)
     rows = await chat.desk.settled_conversation(session_key=key, conversation_id=conversation_id) or []
     messages = _history_messages(rows, chat.t, chat.language)
     return Stopped(messages, messages, conversation_id, _choices(listed, chat.t, conversation_id))
+
+
+@calm(Followed)
+async def follow(chat: ChatContext, conversation_id: Any, session_key: str, shown: list):
+    """While the open conversation's answer is written for a page that went away (this page is its reload): the
+    answer so far under the stored conversation, then, once it has ended, the conversation as stored (and the
+    timer stopped)."""
+    key = chat.keys.browser(session_key)
+    conversation_id = _conversation_id(conversation_id)
+    if key is None or conversation_id is None:
+        return nothing(Followed)._replace(answer_timer=gr.Timer(active=False))
+    answering = chat.desk.answering(session_key=key, conversation_id=conversation_id)
+    if answering is not None:
+        return nothing(Followed)._replace(chatbot=following(own(shown, key), answering.text))
+    found = await chat.stored(key, conversation_id)
+    if found is None:
+        return nothing(Followed)._replace(answer_timer=gr.Timer(active=False))
+    return Followed(found[0], found[0], gr.Timer(active=False))
+
+
+def following(base: list, text: str) -> list:
+    """The stored conversation with an answer still being written under it (none yet: the conversation alone)."""
+    return base + [_message("assistant", whole_clusters(shown_answer(text)), streaming=True)] if text else base
 
 
 @calm(Reported)

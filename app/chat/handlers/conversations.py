@@ -1,5 +1,5 @@
-"""The sidebar's conversations: the page as it was left when it loads, a conversation opened, renamed or deleted,
-and a new one begun (New, another topic, the chatbot's trash icon)."""
+"""The sidebar's conversations: the page as it was left when it loads (an answer still written for it followed), a
+conversation opened, renamed or deleted, and a new one begun (New, another topic, the chatbot's trash icon)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 import gradio as gr
 
 from app.chat.context import ChatContext, _conversation_id, calm
+from app.chat.handlers.answers import following
 from app.chat.outputs import Begun, Loaded, Opened, Renamed, nothing
 from app.chat.render import _choices
 
@@ -22,19 +23,23 @@ async def on_load(chat: ChatContext, session_key: str, open_id: Any):
     if key is None:  # a browser this server has not seen (or a key it did not issue) has nothing to list
         return Loaded(chat.keys.mint_browser(), choose,
                       gr.update(choices=[], value=None, label=chat.t["no_conversations"]),
-                      chat.loaded_chat(choose["value"]), [], None, gr.Timer(active=False), 0)
+                      chat.loaded_chat(choose["value"]), [], None, gr.Timer(active=False), 0, gr.skip())
     open_id = _conversation_id(open_id)
     listed = await chat.desk.list_conversations(session_key=key)
     now = next((c for c in listed if c.id == open_id), None)
     found = await chat.stored(key, open_id) if now is not None else None
     if found is None:
         return Loaded(key, choose, _choices(listed, chat.t), chat.loaded_chat(choose["value"]), [], None,
-                      gr.Timer(active=False), 0)
+                      gr.Timer(active=False), 0, gr.skip())
     if any(name == now.template for _, name in choose["choices"]):
         choose["value"] = now.template
     messages = chat.with_handoff(found[0], now)
-    return Loaded(key, choose, _choices(listed, chat.t, open_id), chat.loaded_chat(now.template, messages, found[1]),
-                  messages, open_id, *chat.watch(now, found[1]))
+    # An answer asked for before the reload is still written: shown so far, and followed (answers.follow).
+    answering = chat.desk.answering(session_key=key, conversation_id=open_id)
+    shown = following(messages, answering.text) if answering is not None else messages
+    return Loaded(key, choose, _choices(listed, chat.t, open_id), chat.loaded_chat(now.template, shown, found[1]),
+                  messages, open_id, *chat.watch(now, found[1]),
+                  gr.Timer(active=True) if answering is not None else gr.skip())
 
 
 @calm(Opened)
