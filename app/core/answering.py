@@ -4,9 +4,10 @@ A page that asked may go away while its answer is written (a reload, a closed ta
 is still written to its end and stored, and a page that opens its conversation meanwhile follows it (the text so
 far, then the stored answer). Only a Stop ends it early (``Answering.stop``, through Desk.stop_answers).
 
-While a page reads the answer, the desk's events are taken at the page's pace, one ahead of it (the desk stores the
-question and the engine starts answering while the page is sent the question): the engine's output gathers between
-two updates, as it did when the page pulled the events itself. Once no page reads it, they are taken as they come.
+While a page reads the answer, the desk's events are taken when the page asks for the next (the first one at once:
+the desk stores the question and the engine starts answering while the page is sent the question), so the engine's
+output gathers between two updates and each carries all the text so far. Once no page reads it, they are taken as
+they come.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Answering:
         self._next: Any = None  # the event the reader has not taken yet
         self._has_next = False
         self._error: BaseException | None = None
-        self._wanted = asyncio.Event()  # the reader wants the next event (or no one reads: always)
+        self._wanted = asyncio.Event()  # the reader wants the next event (the first at once; no one reads: always)
         self._wanted.set()
         self._arrived = asyncio.Event()
         self._task = asyncio.ensure_future(self._run())
@@ -80,8 +81,6 @@ class Answering:
         while True:
             if self._has_next:
                 event, self._next, self._has_next = self._next, None, False
-                if not self.done:
-                    self._wanted.set()
                 return event
             if self.done:
                 if isinstance(self._error, Exception):
@@ -89,6 +88,7 @@ class Answering:
                     raise error
                 raise StopAsyncIteration
             self._arrived.clear()
+            self._wanted.set()  # taken now, the desk's next event carries all the text written meanwhile
             await self._arrived.wait()
 
     def detach(self) -> None:
