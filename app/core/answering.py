@@ -14,8 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+from app.core.refusals import Refused
+
+log = logging.getLogger(__name__)
 
 
 class Answering:
@@ -56,6 +61,8 @@ class Answering:
             self._error = exc
             if not isinstance(exc, Exception):
                 raise
+            if not self._reading and not isinstance(exc, Refused):  # no page will log it
+                log.error("an answer no page was reading failed", exc_info=exc)
         finally:
             with contextlib.suppress(BaseException):  # a generator a Stop caught between events stores itself
                 await self._events.aclose()
