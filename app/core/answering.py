@@ -42,7 +42,7 @@ class Answering:
         self._wanted = asyncio.Event()  # the reader wants the next event (the first at once; no one reads: always)
         self._wanted.set()
         self._arrived = asyncio.Event()
-        self._task = asyncio.ensure_future(self._run())
+        self._task = asyncio.get_running_loop().create_task(self._run())  # (made on the loop that serves it)
 
     async def _run(self) -> None:
         try:

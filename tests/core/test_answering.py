@@ -11,13 +11,13 @@ from app.core.desk import STOPPED, DeskInputError, Finished, Progress
 from tests.helpers.desks import desk_for
 
 CLIENT = "192.0.2.44"
-TOKENS = 60
+TOKENS = 60  # at most: the session's settings may give answers less
 
 
 @pytest.fixture
 def desk(services):
     desk = desk_for(services)
-    desk.step_delay_ms = 20  # 60 tokens: still streaming when the page goes away
+    desk.step_delay_ms = 20  # still streaming when the page goes away
     return desk
 
 
@@ -48,7 +48,7 @@ def test_an_answer_whose_page_went_away_is_written_to_its_end_and_followed_meanw
     conversation_id, seen = aio(leave())
     rows = aio(desk.conversation(session_key=session_key, conversation_id=conversation_id))
     assert [(m.role, m.status) for m in rows] == [("user", "ok"), ("assistant", "ok")]
-    assert rows[1].output_tokens == TOKENS  # written whole
+    assert rows[1].finish_reason == "length" and rows[1].output_tokens > 0  # written whole, to its budget
     assert len(seen) > 2 and rows[1].text.startswith(max(seen - {rows[1].text}, key=len))  # followed as it grew
     assert desk.answering(session_key=session_key, conversation_id=conversation_id) is None
     assert desk._answering == {}
@@ -75,13 +75,13 @@ def test_a_stop_ends_an_answer_nobody_reads_and_it_is_stored_as_stopped(desk, se
 def test_a_reader_reads_every_event_to_the_stored_answer_and_is_told_a_refusal(desk, services, aio):
     session_key = f"read-{uuid.uuid4().hex}"
 
-    async def read(answering):
-        return [event async for event in answering]
+    async def read(conversation_id=None):
+        return [event async for event in ask(desk, services, session_key, conversation_id)]
 
-    events = aio(read(ask(desk, services, session_key)))
+    events = aio(read())
     assert all(isinstance(e, Progress) for e in events[:-1]) and isinstance(events[-1], Finished)
-    assert events[-1].message.output_tokens == TOKENS
+    assert events[-1].message.finish_reason == "length"
     with pytest.raises(DeskInputError) as refused:  # a conversation of no one's
-        aio(read(ask(desk, services, session_key, conversation_id=2**62)))
+        aio(read(conversation_id=2**62))
     assert refused.value.code == "no_conversation"
     assert desk._answering == {}
