@@ -48,8 +48,9 @@ class Followed(NamedTuple):
 class Reported(NamedTuple):
     """The shown conversation with the last answer's caption saying the first glyph's time the page measured. The
     chatbot is not drawn again: the page has written the time into the caption itself (static/chat.js), and a
-    redraw would have unmarked a 👍 given meanwhile."""
+    redraw would have unmarked a 👍 given meanwhile. (Two fields: Gradio would take a one-field tuple for the value.)"""
     shown: Any
+    first_visible: Any  # the page's report box, emptied: the report is taken
 
 
 class Loaded(NamedTuple):

@@ -147,7 +147,7 @@ def build_chat(desk: Desk, info: EngineInfo, *, language: str, browser_secret: s
                  "chatbot": chatbot, "shown": shown, "conversation_id": conversation_id, "returned": returned,
                  "box": box, "new_title": new_title, "person_timer": person_timer, "seen": seen,
                  "reason_row": reason_row, "rating_for": rating_for, "reason": reason, "thanks": thanks,
-                 "answer_timer": answer_timer}
+                 "answer_timer": answer_timer, "first_visible": first_visible}
 
         def out(fields: type[tuple]) -> list:
             return [parts[name] for name in fields._fields]

@@ -216,7 +216,7 @@ def test_a_thumb_given_while_the_first_text_report_is_on_its_way_stays_marked(br
                                   (r.request.post_data_json or {}).get("fn_index") == report) as answered:
             held[0].continue_()
         assert answered.value.status == 200
-        assert len(answered.value.json()["data"]) == 1  # the shown state: nothing drawn again
+        assert len(answered.value.json()["data"]) == 2  # the shown state and the report box: no chatbot drawn
         page.evaluate("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
         assert page.locator("#chatbot button[aria-label='已标为有帮助']").count() == 1
         assert faults(page) == []

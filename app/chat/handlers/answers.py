@@ -279,7 +279,7 @@ async def report_first_visible(chat: ChatContext, report: Any, conversation_id: 
     if row is None or last is None:
         return nothing(Reported)
     shown[last:] = _answer_messages(row, chat.t, chat.language)[-1:] + shown[last + 1:]
-    return Reported(shown)
+    return Reported(shown, "")
 
 
 def _first_visible_ms(report: Any) -> int | None:
