@@ -49,20 +49,23 @@ def test_no_event_of_the_public_chat_serves_a_file_named_in_its_input(server_url
         ("open_conversation", 2), ("fresh", 1), ("change_topic", 3), ("rename", 3), ("delete", 3), ("lambda", 0),
         ("fresh_1", 1), ("chat", 5)]
     secrets_on_disk = [(settings.data_dir / n).read_text() for n in ("tenant-salt.key", "browser-state.key")]
-    tried = 0
+    tried, named = 0, set()
+    paths = targets(settings)
     for index, dep in events:
         for position in range(len(dep["inputs"])):
-            for path in targets(settings):
-                for shape in shapes(path):
-                    data = [None] * len(dep["inputs"])
-                    data[position] = shape
-                    messages = call_event(server_url, dep.get("id", index), data,
-                                          trigger_id=(dep.get("targets") or [[None]])[0][0])
-                    text = json.dumps(messages, ensure_ascii=False)
-                    assert "/file=" not in text and "gradio_api/file" not in text, (dep.get("api_name"), text[:500])
-                    assert not any(m in text for m in MARKERS + tuple(secrets_on_disk)), dep.get("api_name")
-                    tried += 1
-    assert tried == 92 * 5 * 5  # every input of every event (92 in all), each with 5 paths in 5 shapes
+            for kind in range(5):  # each shape once, each with another of the paths (every path and shape per input)
+                path = paths[(position + kind) % len(paths)]
+                data = [None] * len(dep["inputs"])
+                data[position] = shapes(path)[kind]
+                messages = call_event(server_url, dep.get("id", index), data,
+                                      trigger_id=(dep.get("targets") or [[None]])[0][0])
+                text = json.dumps(messages, ensure_ascii=False)
+                assert "/file=" not in text and "gradio_api/file" not in text, (dep.get("api_name"), text[:500])
+                assert not any(m in text for m in MARKERS + tuple(secrets_on_disk)), dep.get("api_name")
+                tried += 1
+                named.add((path, kind))
+    assert tried == 92 * 5  # every input of every event (92 in all), in each of the 5 shapes
+    assert len(named) == 5 * 5  # every path in every shape
 
 
 @pytest.mark.parametrize("name", ["/etc/passwd", "/proc/self/environ", "prefixdesk.db", "tenant-salt.key"])
