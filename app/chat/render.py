@@ -37,6 +37,11 @@ def _message(role: str, text: str, title: str | None = None, ref: int | None = N
     return {"role": role, "metadata": metadata, "content": [{"text": shown, "type": "text"}], "options": None}
 
 
+def answer_so_far(text: str) -> dict:
+    """An answer still being written, as the page shows it while it streams (whole grapheme clusters only)."""
+    return _message("assistant", whole_clusters(shown_answer(text)), streaming=True)
+
+
 def _notice(text: str, t: dict) -> dict:
     """A notice is shown as it is, never folded under a title."""
     return _message("assistant", t["notice"] + text, markdown=False)

@@ -13,7 +13,7 @@ import asyncio
 import gradio as gr
 
 from app.chat.outputs import Screen
-from app.chat.render import _answer_messages, _message, _notice, _one_person_notice, shown_answer, whole_clusters
+from app.chat.render import _answer_messages, _notice, _one_person_notice, answer_so_far
 from app.chat.text import refusal_text
 from app.core.desk import WITH_PERSON, Finished, Progress
 from app.db.states import Handoff
@@ -53,8 +53,7 @@ async def _stream(events, base: list, conversation_id, session_key: str, t: dict
         if isinstance(event, Progress):
             next_update_at = loop.time() + pace_s()
             conversation_id = event.conversation_id  # a BrowserState: set from every update (a skip costs more)
-            yield Screen(base + [_message("assistant", whole_clusters(shown_answer(event.text)), streaming=True)],
-                         gr.skip(), conversation_id, session_key, gr.skip())
+            yield Screen(base + [answer_so_far(event.text)], gr.skip(), conversation_id, session_key, gr.skip())
         elif isinstance(event, Finished):
             # The conversation as stored, with no second read of the database: what was shown (stored messages,
             # and last the question as the desk stores it; a new conversation is the question alone) and the

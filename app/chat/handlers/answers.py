@@ -16,7 +16,7 @@ import gradio as gr
 from app.chat.context import ChatContext, _conversation_id, calm, own
 from app.chat.outputs import Answered, Followed, Reported, Screen, Stopped, nothing
 from app.chat.render import (_answer_id, _answer_messages, _choices, _feedback, _history_messages, _message,
-                             shown_answer, whole_clusters)
+                             answer_so_far)
 from app.chat.stream import _stream
 from app.core.callers import TenantRefused
 from app.core.desk import MAX_FIRST_VISIBLE_MS, DeskInputError
@@ -255,7 +255,7 @@ async def follow(chat: ChatContext, conversation_id: Any, session_key: str, show
 
 def following(base: list, text: str) -> list:
     """The stored conversation with an answer still being written under it (none yet: the conversation alone)."""
-    return base + [_message("assistant", whole_clusters(shown_answer(text)), streaming=True)] if text else base
+    return base + [answer_so_far(text)] if text else base
 
 
 @calm(Reported)
