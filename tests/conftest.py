@@ -120,7 +120,8 @@ def browser(services):
 def pages_closed_after_each_test(request):
     """Every page and context a test opened in the session's browser is closed when it ends, passed or failed: a
     failed test left its page open (streaming a long answer, polling), and on a machine busy with other work the
-    pages a run had piled up starved the browser until a later test's visible button took 90 s to answer."""
+    pages a run had piled up starved the browser until a later test's visible button took 90 s to answer. The
+    answers of its closed pages end before the next test begins."""
     if "browser" not in request.fixturenames:
         yield
         return
@@ -130,6 +131,10 @@ def pages_closed_after_each_test(request):
     for context in browser.contexts:
         if id(getattr(context, "_impl_obj", context)) not in before:
             context.close()
+    # An answer whose page closed is still written to its end (app/core/answering.py): the next test starts on a
+    # quiet engine (one that reads the engine's figures would read this test's answers).
+    engine = request.getfixturevalue("engine")
+    wait_until(lambda: engine.num_unfinished_requests() == 0, 600, "the answers of the test's closed pages to end")
 
 
 PATIENCE_MS = 90_000  # a wait that names no timeout, on a 2-core machine with two busy loops beside the suite
