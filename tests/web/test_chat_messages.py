@@ -79,5 +79,5 @@ def test_a_handler_that_fails_leaves_every_output_of_its_event_as_it_is():
         raise RuntimeError("a fault the page must not show")
 
     outputs = run_apart(broken("", None))
-    assert type(outputs) is Loaded and len(outputs) == len(Loaded._fields) == 8
-    assert list(outputs) == [gr.skip()] * 8
+    assert type(outputs) is Loaded and len(outputs) == len(Loaded._fields) == 9
+    assert list(outputs) == [gr.skip()] * 9
