@@ -132,9 +132,11 @@ def pages_closed_after_each_test(request):
         if id(getattr(context, "_impl_obj", context)) not in before:
             context.close()
     # An answer whose page closed is still written to its end (app/core/answering.py): the next test starts on a
-    # quiet engine (one that reads the engine's figures would read this test's answers).
-    engine = request.getfixturevalue("engine")
-    wait_until(lambda: engine.num_unfinished_requests() == 0, 600, "the answers of the test's closed pages to end")
+    # quiet engine with every answer stored (one that reads the engine's figures or counts the stored answers would
+    # count this test's).
+    services = request.getfixturevalue("services")
+    wait_until(lambda: services.engine.num_unfinished_requests() == 0 and services.desk.answers_in_progress() == 0,
+               600, "the answers of the test's closed pages to end")
 
 
 PATIENCE_MS = 90_000  # a wait that names no timeout, on a 2-core machine with two busy loops beside the suite

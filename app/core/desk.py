@@ -386,6 +386,10 @@ class Desk:
         return next((a for a in self._answering.get(session_key, ()) if a.conversation_id == conversation_id
                      and not a.done), None)
 
+    def answers_in_progress(self) -> int:
+        """How many answers a page asked for this desk is still writing (read or not)."""
+        return sum(len(ours) for ours in self._answering.values())
+
     async def stop_answers(self, *, session_key: str, conversation_id: int | None) -> None:
         """A Stop: this browser's answers in ``conversation_id`` end now, stored as stopped (and so does one it
         asked in a new conversation whose id is not known yet: the Stop came before its first text). Returns once
