@@ -279,6 +279,15 @@
       if (node.data.includes(unmeasured)) node.data = node.data.replace(unmeasured, measured);
     }
   };
+  // Each measured answer whose caption is drawn: the time written into it, and reported once.
+  const captions = () => {
+    for (const [index, ms] of Object.entries(state.byAnswer)) {
+      const group = answers()[+index];
+      if (!group || !captioned(group)) continue;
+      timed(group, ms);  // again whenever Gradio draws the caption anew (opened, or redrawn from the answer's value)
+      if (!state.reported[index]) { state.reported[index] = true; report(ms); }
+    }
+  };
   new MutationObserver(() => {
     localTimes();
     composer();
@@ -295,15 +304,11 @@
           const ms = Math.round(performance.now() - p.t0);
           state.byAnswer[p.index] = ms;
           state.measured.push(ms);
+          captions();  // the answer may have ended meanwhile, with nothing more to draw
         }, 0));
       }
     }
-    for (const [index, ms] of Object.entries(state.byAnswer)) {
-      const group = answers()[+index];
-      if (!group || !captioned(group)) continue;
-      timed(group, ms);  // again whenever Gradio draws the caption anew (opened, or redrawn from the answer's value)
-      if (!state.reported[index]) { state.reported[index] = true; report(ms); }
-    }
+    captions();
   }).observe(document.body, {childList: true, subtree: true, characterData: true});
   if (window.matchMedia('(max-width: 640px)').matches) {
     const close = (tries) => {
