@@ -43,15 +43,18 @@ PAGE_LIFE_HEAD = f"<script>{(Path(__file__).with_name('static') / 'page_life.js'
 def no_heartbeat_stream(blocks: gr.Blocks) -> None:
     """``blocks``' pages open no heartbeat stream (PAGE_LIFE_HEAD says they are alive instead): Gradio opens one
     per page, wherever its config says it must, and six held every connection an HTTP/1.1 browser gives a host."""
+    set_in_config(blocks, connect_heartbeat=False)
+
+
+def set_in_config(blocks: gr.Blocks, **values) -> None:
+    """``values`` set in every config ``blocks`` build from now on (call before mounting)."""
     config_file = blocks.get_config_file
 
-    def without_stream():
-        config = config_file()
-        config["connect_heartbeat"] = False
-        return config
+    def with_values():
+        return config_file() | values
 
-    blocks.get_config_file = without_stream
-    blocks.config = without_stream()
+    blocks.get_config_file = with_values
+    blocks.config = with_values()
 
 
 def end_session(blocks: gr.Blocks, session_hash: str) -> None:

@@ -19,6 +19,8 @@ import gradio as gr
 import jinja2
 from markupsafe import Markup
 
+from app.web.gradio_state import set_in_config
+
 # The locale of Gradio's words for each UI language.
 LOCALES = {"zh": "zh-CN", "en": "en"}
 # Gradio's English keys that its zh-CN file has no words for, in Chinese (tests/web/test_page_locale.py holds them
@@ -46,15 +48,7 @@ def speak(blocks: gr.Blocks, language: str) -> None:
     """``blocks``' page starts in ``language``'s locale (call before mounting). The page template is given the
     script once per process."""
     _install()
-    config_file = blocks.get_config_file
-
-    def with_locale():
-        config = config_file()
-        config[CONFIG_KEY] = LOCALES[language]
-        return config
-
-    blocks.get_config_file = with_locale
-    blocks.config = with_locale()
+    set_in_config(blocks, **{CONFIG_KEY: LOCALES[language]})
 
 
 def locale_script(config: object) -> Markup:
