@@ -63,6 +63,17 @@ def engine(services):
     return services.engine
 
 
+@pytest.fixture
+def held_answers(monkeypatch, services):
+    """Every answer of the session's engine held after its first text until the test releases it (at its end if
+    not before): tests/helpers/desks.py."""
+    from tests.helpers.desks import HeldAnswers
+
+    held = HeldAnswers(monkeypatch, services.engine)
+    yield held
+    held.release()
+
+
 @pytest.fixture(scope="module")
 def client(server_url):
     """A gradio_client on the chat app (one browser session per test module)."""

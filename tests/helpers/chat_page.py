@@ -60,6 +60,15 @@ def long_answers_server(services, engine_loop, data, *, ui_language: str = "en",
                         **{**slow_answers(), **overrides})
 
 
+def events_of_gone_pages(app) -> int:
+    """How many running events of ``app``'s Gradio pages Gradio knows their page has gone from (a closed tab, a
+    reload): Gradio closes each at its next update."""
+    from starlette.routing import Mount
+
+    return sum(1 for route in app.routes if isinstance(route, Mount) and getattr(route.app, "blocks", None)
+               for jobs in route.app.blocks._queue.active_jobs if jobs for job in jobs if not job.alive)
+
+
 def database_of(server: SecondServer) -> sqlite_utils.Database:
     return sqlite_utils.Database(server.settings.database_url.removeprefix("sqlite:///"))
 

@@ -1,11 +1,15 @@
-"""A Desk of a test's own on the session's engine: its own database, catalog or limits; and the store's end of
-every answer held until a test lets it go."""
+"""A Desk of a test's own on the session's engine: its own database, catalog or limits; and, until a test lets
+them go, every answer held after its first text or the store's end of every answer."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
+import time
 
-from app.core.desk import Desk
+from app.core.desk import PROGRESS_INTERVAL_S, Desk
+from app.engine.types import Delta
 from app.db import conversations as db_conversations
 from app.core.limits import ClientLimiter, FeedbackLimiter
 
@@ -36,6 +40,44 @@ class HeldFinish:
             return finish(s, **kwargs)
 
         monkeypatch.setattr(db_conversations, "finish_answer", held)
+
+    def release(self) -> None:
+        self._released.set()
+
+
+class HeldAnswers:
+    """The engine's answers from now on, each held after its first text until ``release()``: a test that acts on
+    an answer's first text (a Stop, a closed tab, typing) finds it still being written, however slow the machine.
+    Held between the engine and the desk: vLLM may write the rest meanwhile, but no desk sees the answer's end.
+    Once released, the rest reaches the desk as two parts at least, the first a frame after the hold began: the
+    desk sends the page one more update before the end (a page gone meanwhile is closed at that update)."""
+
+    def __init__(self, monkeypatch, engine):
+        self.held = 0  # answers held so far, each once
+        self._released = threading.Event()
+        stream = engine.stream
+
+        async def held(*args, **kwargs):
+            waiting, held_at = not kwargs.get("warmup"), None
+            async with contextlib.aclosing(stream(*args, **kwargs)) as parts:
+                async for part in parts:
+                    if held_at is not None:  # the first part after the release
+                        await asyncio.sleep(max(0.0, PROGRESS_INTERVAL_S - (time.monotonic() - held_at)))
+                        held_at = None
+                        if isinstance(part, Delta) and part.last and len(part.text) > 1:
+                            yield Delta(part.text[:1])
+                            part = Delta(part.text[1:], last=True)
+                    hold = waiting and isinstance(part, Delta) and part.text and not part.last
+                    if hold:
+                        waiting = False
+                        self.held += 1  # (before the text goes out: a page that shows it finds it counted)
+                    yield part
+                    if hold:
+                        held_at = time.monotonic()
+                        while not self._released.is_set():  # a Stop cancels this wait, and the request with it
+                            await asyncio.sleep(0.02)
+
+        monkeypatch.setattr(engine, "stream", held)
 
     def release(self) -> None:
         self._released.set()

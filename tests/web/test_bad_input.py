@@ -75,13 +75,13 @@ def test_long_history_drops_the_oldest_turns_but_never_the_system_prompt(client,
     assert out["prompt_tokens"] == len(kept.token_ids)
 
 
-def test_more_answers_than_the_cap_get_a_busy_message(services, engine_loop, engine, tmp_path):
+def test_more_answers_than_the_cap_get_a_busy_message(services, engine_loop, engine, tmp_path, held_answers):
     with SecondServer(services, engine_loop, tmp_path, **slow_answers()) as url:
         engine.max_concurrent_requests = 1
         try:
             slow = Client(url, verbose=False).submit("请介绍一下退货流程", [], "电商客服", None, None, api_name="/chat")
             wait_until(slow.outputs, 60, "the first answer's first text")
-            out = send(Client(url, verbose=False), "还有人吗？")  # while the first streams, for 15 s or more
+            out = send(Client(url, verbose=False), "还有人吗？")  # while the first is held at its first text
             slow.cancel()
             wait_until(lambda: engine.in_flight == 0, 30, "the first answer to stop")
         finally:

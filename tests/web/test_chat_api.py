@@ -56,13 +56,14 @@ def test_second_turn_continues_the_conversation_with_its_history(client, db, ser
     assert [(r["role"], r["status"]) for r in rows] == [("user", "ok"), ("assistant", "ok")] * 2
 
 
-def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(services, engine_loop, engine, tmp_path):
+def test_stop_mid_stream_aborts_the_request_and_stores_the_partial_answer(services, engine_loop, engine, tmp_path,
+                                                                          held_answers):
     with SecondServer(services, engine_loop, tmp_path, **slow_answers()) as url:
         job = Client(url, verbose=False).submit("请详细介绍一下会员积分规则", [], "电商客服", None, None, api_name="/chat")
         wait_until(job.outputs, 60, "the answer's first text")
         partial = job.outputs()[-1]
         assert partial["done"] is False
-        job.cancel()  # mid-answer: it streams for 15 s or more
+        job.cancel()  # mid-answer: held at its first text (held_answers)
         db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
 
         def stopped() -> list[dict]:
