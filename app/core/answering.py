@@ -98,11 +98,6 @@ class Answering:
             self._wanted.set()  # taken now, the desk's next event carries all the text written meanwhile
             await self._arrived.wait()
 
-    @property
-    def read(self) -> bool:
-        """Whether the page that asked still reads it (False once its tab closed or reloaded)."""
-        return self._reading
-
     def detach(self) -> None:
         """The page stopped reading (Gradio closed its event): the answer goes on to its end by itself."""
         self._reading = False

@@ -386,10 +386,9 @@ class Desk:
         return next((a for a in self._answering.get(session_key, ()) if a.conversation_id == conversation_id
                      and not a.done), None)
 
-    def answers_in_progress(self, *, unread: bool = False) -> int:
-        """How many answers a page asked for this desk is still writing (``unread``: only those whose page went
-        away meanwhile, a closed or reloaded tab)."""
-        return sum(1 for ours in self._answering.values() for a in ours if not (unread and a.read))
+    def answers_in_progress(self) -> int:
+        """How many answers a page asked for this desk is still writing (read or not)."""
+        return sum(len(ours) for ours in self._answering.values())
 
     async def stop_answers(self, *, session_key: str, conversation_id: int | None) -> None:
         """A Stop: this browser's answers in ``conversation_id`` end now, stored as stopped (and so does one it
