@@ -16,7 +16,7 @@ def questions_shown(page) -> list[str]:
 
 
 def test_a_restarted_server_breaks_nothing_on_an_open_page(browser, tmp_path):
-    env = app_env(tmp_path, ui_language="zh")
+    env = app_env(tmp_path, ui_language="zh", warm_on_start=False)  # (nothing here needs a warm cache)
     server = AppProcess(env)
     try:
         server.wait_ready()
