@@ -54,7 +54,8 @@ def refuse_from_fresh_sessions(url: str, n: int, message: str = MESSAGE, *, send
 
 
 def test_refused_messages_from_fresh_sessions_keep_no_memory_and_stall_no_one(tmp_path):
-    server = AppProcess(app_env(tmp_path, rate_limit_per_minute=0))  # every message reaches the size check
+    # Every message reaches the size check; nothing here needs a warm cache.
+    server = AppProcess(app_env(tmp_path, rate_limit_per_minute=0, warm_on_start=False))
     try:
         server.wait_ready()
         refuse_from_fresh_sessions(server.url, 10)  # the first events import and cache what all later ones use
