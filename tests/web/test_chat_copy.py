@@ -38,6 +38,8 @@ def test_copy_gives_the_answer_without_its_caption(browser, server_url, db, serv
     caption(page, first).click()
     details = page.locator("#chatbot .message.bot").nth(first).locator(".thought-group .content").inner_text().strip()
     assert title and details  # what a copy must leave out
+    # The browser's clipboard outlives a context: empty it, so the wait below sees this copy and no earlier one.
+    page.evaluate(f"{clipboard}.writeText('')")
     page.locator(COPY).nth(1).click()  # the question's, then the answer's
     page.wait_for_function(f"async () => (await {clipboard}.readText()).length > 0", timeout=90_000)
     copied = page.evaluate(f"{clipboard}.readText()")
