@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import urllib.request
+import uuid
 
 import psutil
 import pytest
@@ -37,7 +38,8 @@ BROKE_OFF = "The answer broke off: the model stopped unexpectedly and is restart
 
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory):
-    """One server for an engine that dies and one that hangs, each mid-answer (answers stream for 15 s or more)."""
+    """One server for an engine that dies and one that hangs, each mid-answer (answers stream for 15 s or more), and
+    for a SIGTERM under answers in progress, which ends it (the module's last test)."""
     # A stall timeout of 10 s, not less: after a restart the next question's whole prefill is one engine step, and a
     # busy machine (two busy loops beside the suite) once held such a step past a 3-s timeout: a second restart.
     data = tmp_path_factory.mktemp("faults")
@@ -76,28 +78,6 @@ def wait_restarted(server: AppProcess, restarts: int) -> None:
         return seen["restarts"] == restarts and seen["ok"]
 
     wait_until(restarted, 120, lambda: f"the engine to restart (last /healthz: {seen})", poll_s=0.5)
-
-
-def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(tmp_path):
-    server = AppProcess(app_env(tmp_path, warm_on_start=False, **slow_answers()))
-    try:
-        server.wait_ready()
-        db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
-        clients = [Client(server.url, verbose=False) for _ in range(3)]  # each one a session of its own
-        jobs = [c.submit(f"问题{i}：请详细介绍会员等级", [], "电商客服", None, None, api_name="/chat")
-                for i, c in enumerate(clients)]
-        wait_until(lambda: all(job.outputs() for job in jobs), 90, "all three answers' first text")
-        server.proc.send_signal(signal.SIGTERM)  # all three mid-answer: each streams for 15 s or more
-        assert server.proc.wait(60) == 0
-    finally:
-        server.stop()
-    stopped = list(db["messages"].rows_where("role = 'assistant'", order_by="id"))
-    assert [a["status"] for a in stopped] == ["stopped"] * 3
-    assert [a["error"] for a in stopped] == ["stopped before the answer was complete"] * 3
-    assert all(0 < a["output_tokens"] < 750 and a["text"] for a in stopped)  # partial answers, with stats
-    assert db["messages"].count_where("status = 'generating'") == 0  # no answer is left half-written
-    users = sorted(u["text"] for u in db["messages"].rows_where("role = 'user'"))
-    assert users == [f"问题{i}：请详细介绍会员等级" for i in range(3)]  # each question kept
 
 
 def run_app(tmp_path, **settings) -> subprocess.CompletedProcess:
@@ -207,3 +187,22 @@ def test_a_prefill_longer_than_the_stall_timeout_is_progress_and_a_silent_core_i
     assert [a["status"] for a in answers] == ["ok", "error"]
     assert (answers[0]["output_tokens"], answers[0]["num_cached_tokens"], answers[0]["ttft_ms"]) == (
         4, 0, slow["ttft_ms"])
+
+
+def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(faulty):
+    """Last in this module: it ends the module's server (an engine start fewer than a server of its own)."""
+    server, db = faulty
+    clients = [Client(server.url, verbose=False) for _ in range(3)]  # each one a session of its own
+    questions = [f"问题{i}：请详细介绍会员等级 {uuid.uuid4().hex[:8]}" for i in range(3)]
+    jobs = [c.submit(q, [], "电商客服", None, None, api_name="/chat") for q, c in zip(questions, clients)]
+    wait_until(lambda: all(job.outputs() for job in jobs), 90, "all three answers' first text")
+    server.proc.send_signal(signal.SIGTERM)  # all three mid-answer: each streams for 15 s or more
+    assert server.proc.wait(60) == 0
+    asked = list(db["messages"].rows_where("role = 'user' AND text IN (?, ?, ?)", questions))
+    assert sorted(u["text"] for u in asked) == sorted(questions)  # each question kept
+    stopped = list(db["messages"].rows_where("role = 'assistant' AND conversation_id IN (?, ?, ?)",
+                                             [u["conversation_id"] for u in asked], order_by="id"))
+    assert [a["status"] for a in stopped] == ["stopped"] * 3
+    assert [a["error"] for a in stopped] == ["stopped before the answer was complete"] * 3
+    assert all(0 < a["output_tokens"] < 750 and a["text"] for a in stopped)  # partial answers, with stats
+    assert db["messages"].count_where("status = 'generating'") == 0  # no answer is left half-written
