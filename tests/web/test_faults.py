@@ -6,13 +6,13 @@ import signal
 import subprocess
 import sys
 import urllib.request
-import uuid
 
 import psutil
 import pytest
 import sqlite_utils
 from gradio_client import Client
 
+from tests.helpers.chat_page import tag
 from tests.helpers.servers import AppProcess, ROOT, app_env, slow_answers
 from tests.helpers.waiting import wait_until
 
@@ -193,7 +193,7 @@ def test_sigterm_stores_answers_in_progress_as_stopped_and_exits_cleanly(faulty)
     """Last in this module: it ends the module's server (an engine start fewer than a server of its own)."""
     server, db = faulty
     clients = [Client(server.url, verbose=False) for _ in range(3)]  # each one a session of its own
-    questions = [f"问题{i}：请详细介绍会员等级 {uuid.uuid4().hex[:8]}" for i in range(3)]
+    questions = [f"问题{i}：请详细介绍会员等级 {tag()}" for i in range(3)]
     jobs = [c.submit(q, [], "电商客服", None, None, api_name="/chat") for q, c in zip(questions, clients)]
     wait_until(lambda: all(job.outputs() for job in jobs), 90, "all three answers' first text")
     server.proc.send_signal(signal.SIGTERM)  # all three mid-answer: each streams for 15 s or more
