@@ -176,7 +176,8 @@ def test_closing_the_tab_mid_answer_leaves_the_answer_to_be_written_whole(browse
     held_answers.release()
     row = wait_for_status(db, question, 0, timeout=300)  # (left to finish: 15 s or more)
     assert (row["status"], row["error"], row["finish_reason"], row["output_tokens"]) == ("ok", None, "length", 750)
-    assert server.services.desk.answers_in_progress() == 0
+    # The answer is stored before the desk lets it go: wait for that, not for a moment.
+    wait_until(lambda: server.services.desk.answers_in_progress() == 0, 30, "the desk to let the stored answer go")
 
 
 def test_what_the_customer_types_while_an_answer_streams_stays_and_the_sidebar_lists_the_chat(browser, long_answers,
