@@ -364,9 +364,11 @@ class Desk:
         or one left "generating" by a process that died) comes back as stored."""
         await self.turns_written(session_key=session_key)
         while True:
+            # The answers being written as the read begins: one whose store ends while the read is on its way
+            # is read "generating" and no longer listed after it, yet its event (set) sends the loop round again.
+            writing = dict(self._writing)
             rows = await self.conversation(session_key=session_key, conversation_id=conversation_id)
-            pending = [self._writing[m.id] for m in rows or ()
-                       if m.status == AnswerStatus.GENERATING and m.id in self._writing]
+            pending = [writing[m.id] for m in rows or () if m.status == AnswerStatus.GENERATING and m.id in writing]
             if not pending:
                 return rows
             await asyncio.wait({asyncio.ensure_future(e.wait()) for e in pending})

@@ -15,6 +15,7 @@ import pytest
 from app.core.desk import STOPPED, Progress
 from app.db import conversations as db_conversations
 from tests.helpers.desks import HOLD_S, HeldFinish, desk_for
+from tests.helpers.waiting import wait_until
 
 CLIENT = "192.0.2.43"
 
@@ -53,6 +54,44 @@ def test_a_stop_shows_the_answer_once_it_is_stored_as_stopped_however_long_that_
     assert rows[1].text  # the text it had when it was stopped
     aio(asyncio.wait({stopped}))
     assert desk._writing == {} and desk._turn_writes == {}  # nothing left waiting
+
+
+def test_a_stopped_answer_stored_while_the_stop_reads_the_conversation_is_read_again(desk, services, engine_loop,
+                                                                                        aio, monkeypatch):
+    # The Stop's read began before the stopped answer was stored and came back after it: the row it read said
+    # "generating" while the desk no longer listed the answer as being written. Before: the Stop drew that row (a
+    # full run here met it); after: the answers being written are taken as the read begins, and it reads again.
+    template = services.catalog.customer_facing()[0].name
+    session_key = f"stop-{uuid.uuid4().hex}"
+    stopped, conversation_id = asyncio.run_coroutine_threadsafe(_first_text(desk, session_key, template),
+                                                                engine_loop).result(120)
+    held = HeldFinish(monkeypatch)
+    read, returned = threading.Event(), threading.Event()
+    messages = db_conversations.messages
+
+    def late(s, **kwargs):  # the first read: its rows as they were, handed back once the store has ended
+        rows = messages(s, **kwargs)
+        if not read.is_set():
+            read.set()
+            returned.wait(HOLD_S)
+        return rows
+
+    try:
+        engine_loop.call_soon_threadsafe(stopped.cancel)
+        assert held.entered.wait(HOLD_S), "the stopped answer was never stored"
+        monkeypatch.setattr(db_conversations, "messages", late)
+        settled = asyncio.run_coroutine_threadsafe(
+            desk.settled_conversation(session_key=session_key, conversation_id=conversation_id), engine_loop)
+        assert read.wait(HOLD_S), "the Stop never read the conversation"
+        held.release()
+        wait_until(lambda: not desk._writing, 60, "the stopped answer to be stored")
+    finally:
+        held.release()
+        returned.set()
+    rows = settled.result(120)
+    assert [(m.role, m.status, m.error) for m in rows] == [("user", "ok", None), ("assistant", "stopped", STOPPED)]
+    aio(asyncio.wait({stopped}))
+    assert desk._writing == {} and desk._turn_writes == {}
 
 
 def test_a_stop_that_lands_while_the_question_is_being_stored_waits_for_it(desk, services, engine_loop, aio,
