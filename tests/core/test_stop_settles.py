@@ -27,17 +27,25 @@ def desk(services):
     return desk
 
 
-def test_a_stop_shows_the_answer_once_it_is_stored_as_stopped_however_long_that_takes(desk, services, engine_loop,
-                                                                                        aio, monkeypatch):
+def stopped_with_its_store_held(desk, services, engine_loop, monkeypatch) -> tuple[str, asyncio.Task, int, HeldFinish]:
+    """An answer stopped past its first text, as Gradio cancels the page's answer on Stop, whose store of it as
+    stopped is held until the test releases it: (its session key, its page's task, its conversation's id, the hold)."""
     template = services.catalog.customer_facing()[0].name
     session_key = f"stop-{uuid.uuid4().hex}"
     stopped, conversation_id = asyncio.run_coroutine_threadsafe(_first_text(desk, session_key, template),
                                                                 engine_loop).result(120)
     held = HeldFinish(monkeypatch)
+    engine_loop.call_soon_threadsafe(stopped.cancel)
+    if not held.entered.wait(HOLD_S):
+        held.release()
+        raise AssertionError("the stopped answer was never stored")
+    return session_key, stopped, conversation_id, held
+
+
+def test_a_stop_shows_the_answer_once_it_is_stored_as_stopped_however_long_that_takes(desk, services, engine_loop,
+                                                                                        aio, monkeypatch):
+    session_key, stopped, conversation_id, held = stopped_with_its_store_held(desk, services, engine_loop, monkeypatch)
     try:
-        # As Gradio cancels the page's answer on Stop: the desk stores what it had as stopped.
-        engine_loop.call_soon_threadsafe(stopped.cancel)
-        assert held.entered.wait(HOLD_S), "the stopped answer was never stored"
         settled = asyncio.run_coroutine_threadsafe(
             desk.settled_conversation(session_key=session_key, conversation_id=conversation_id), engine_loop)
         # The store has not finished: the row still reads "generating", and what the Stop would show waits for it.
@@ -61,11 +69,7 @@ def test_a_stopped_answer_stored_while_the_stop_reads_the_conversation_is_read_a
     # The Stop's read began before the stopped answer was stored and came back after it: the row it read said
     # "generating" while the desk no longer listed the answer as being written. Before: the Stop drew that row (a
     # full run here met it); after: the answers being written are taken as the read begins, and it reads again.
-    template = services.catalog.customer_facing()[0].name
-    session_key = f"stop-{uuid.uuid4().hex}"
-    stopped, conversation_id = asyncio.run_coroutine_threadsafe(_first_text(desk, session_key, template),
-                                                                engine_loop).result(120)
-    held = HeldFinish(monkeypatch)
+    session_key, stopped, conversation_id, held = stopped_with_its_store_held(desk, services, engine_loop, monkeypatch)
     read, returned = threading.Event(), threading.Event()
     messages = db_conversations.messages
 
@@ -77,8 +81,6 @@ def test_a_stopped_answer_stored_while_the_stop_reads_the_conversation_is_read_a
         return rows
 
     try:
-        engine_loop.call_soon_threadsafe(stopped.cancel)
-        assert held.entered.wait(HOLD_S), "the stopped answer was never stored"
         monkeypatch.setattr(db_conversations, "messages", late)
         settled = asyncio.run_coroutine_threadsafe(
             desk.settled_conversation(session_key=session_key, conversation_id=conversation_id), engine_loop)
