@@ -50,8 +50,9 @@ def remote_engine(remote_settings):
 
 
 @pytest.fixture()
-def whole(remote_engine):
-    """Both replicas up: where a test of two replicas starts (one killed elsewhere takes a minute to come back)."""
+def whole(remote_engine, serving):
+    """Both replicas up, as the remote engine sees them (it notices a replica serving again by its own polls):
+    where a test of two replicas starts (one killed elsewhere takes a minute to come back)."""
     wait_until(lambda: all(v.up for v in remote_engine.replicas()), RESTART_TIMEOUT_S, "both replicas to be up",
                poll_s=0.5)
 

@@ -25,24 +25,13 @@ import pytest
 
 from app.engine.replicas import parse_metrics
 
-from tests.helpers.cluster import API_KEY, BEARER, RESTART_TIMEOUT_S
+from tests.helpers.cluster import API_KEY, BEARER
 from tests.helpers.servers import collect
-from tests.helpers.waiting import wait_until
 
 OTHER_ADDRESS = "127.0.0.2"
 
 
-@pytest.fixture(autouse=True)
-def up(cluster):
-    """Every replica serving (test_cluster.py, run before, kills some and the launcher starts them again)."""
-
-    def serving() -> bool:
-        try:
-            return all(httpx.get(f"{u}/health", timeout=5).status_code == 200 for u in cluster.replica_urls)
-        except httpx.HTTPError:
-            return False
-
-    wait_until(serving, RESTART_TIMEOUT_S, "every replica to serve", poll_s=0.5)
+pytestmark = pytest.mark.usefixtures("serving")  # every replica up (test_cluster.py, run before, kills some)
 
 
 def completion(url: str, prompt: list[int], **headers) -> httpx.Response:

@@ -10,12 +10,18 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
 import sqlite_utils
 from playwright.sync_api import Error as PlaywrightError
 
+from app.cluster.tier import TierPlan, plan_tier
+from app.settings import load_settings
+
+from tests.helpers import early
 from tests.helpers.browser import DESKTOP, screenshot
 from tests.helpers.chat_page import ANSWERS, READY, caption, conversation, faults, open_chat, tag
 from tests.helpers.cluster import free_port_run
@@ -26,21 +32,35 @@ ENGINE_KEY = "the tier's engine key 7"  # an operator's own (else the supervisor
 START_TIMEOUT_S = 600  # the engine, then one process (it migrates and warms), the other, the proxy: 2 cores
 
 
+@dataclass(frozen=True)
+class Tier:
+    server: AppProcess  # the supervisor; its url is the proxy's
+    data: Path
+    plan: TierPlan  # where the product puts each process (the same settings plan the same ports)
+
+
+def start_tier(data_dir) -> AppProcess:
+    """Two web processes behind Caddy over one vllm serve, in English, with the answers short."""
+    return AppProcess(app_env(data_dir, web_processes=2, tier_port=free_port_run(4), ui_language="en",
+                              rate_limit_per_minute=0, max_streams_per_client=0, max_connections_per_client=0,
+                              max_tokens=16, engine_api_key=ENGINE_KEY))
+
+
+early.register("tier", start_tier)
+
+
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory):
-    data = tmp_path_factory.mktemp("tier")
-    env = app_env(data, web_processes=2, tier_port=free_port_run(4), ui_language="en", rate_limit_per_minute=0,
-                  max_streams_per_client=0, max_connections_per_client=0, max_tokens=16, engine_api_key=ENGINE_KEY)
-    server = AppProcess(env)
+    server = early.take("tier", tmp_path_factory.mktemp)
+    plan = plan_tier(load_settings(environ=server.env), "model", processes=2, gpu_count=0, cpus=(0, 1))
     try:
         server.wait_ready(START_TIMEOUT_S)
-        yield server, data
+        yield Tier(server, Path(server.env["PREFIXDESK_DATA_DIR"]), plan)
     finally:
         assert server.stop() == 0, server.log()
-    base = int(env["PREFIXDESK_TIER_PORT"])
-    for port in (server.port, base, base + 1, base + 2):  # the proxy, both processes and the engine are gone
+    for use in plan.ports:  # the proxy, both processes, the engine and its KV events are gone
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=5)
+            httpx.get(f"http://127.0.0.1:{use.port}/", timeout=5)
 
 
 def process_of(page) -> int:
@@ -61,8 +81,7 @@ def chat_twice(page, db) -> tuple[list[tuple[str, str]], list[str]]:
 
 
 def test_two_browsers_land_on_different_processes_and_each_keeps_its_conversation(tier, browser):
-    server, data = tier
-    db = sqlite_utils.Database(data / "prefixdesk.db")
+    server, db = tier.server, sqlite_utils.Database(tier.data / "prefixdesk.db")
     pages, processes = [], set()
     for _ in range(4):  # a browser without the cookie goes to the next process in turn
         context = browser.new_context(viewport=DESKTOP)
@@ -83,8 +102,7 @@ def test_two_browsers_land_on_different_processes_and_each_keeps_its_conversatio
 
 
 def test_a_killed_process_is_started_again_and_its_browser_goes_on(tier, browser):
-    server, data = tier
-    db = sqlite_utils.Database(data / "prefixdesk.db")
+    server, db = tier.server, sqlite_utils.Database(tier.data / "prefixdesk.db")
     context = browser.new_context(viewport=DESKTOP)
     page = open_chat(browser, server.url, DESKTOP, page=context.new_page())
     first, second = f"Where is my parcel? {tag()}", f"And the invoice? {tag()}"
@@ -102,7 +120,7 @@ def test_a_killed_process_is_started_again_and_its_browser_goes_on(tier, browser
     try:
         caption(page, 1).wait_for(timeout=120_000)
     except PlaywrightError:  # what the page and the proxy saw, for a failure on a machine one cannot watch
-        lines = (data / "web" / "proxy.log").read_text().splitlines()
+        lines = tier.plan.proxy.log_path.read_text().splitlines()
         warned = [line[:300] for line in lines if '"level":"warn"' in line or '"level":"error"' in line]
         pytest.fail(f"no answer after the kill; the page: {page.locator('#chatbot').inner_text()!r}; "
                     f"the proxy's last warnings: {warned[-5:]}")
@@ -113,11 +131,10 @@ def test_a_killed_process_is_started_again_and_its_browser_goes_on(tier, browser
     assert page.locator("#chatbot [data-testid=user]").all_inner_texts() == [first, second]
     # The supervisor started the killed process again: both processes serve behind the proxy once more.
     wait_until(lambda: server.log().count("exited with") > restarts, 60, "the supervisor to see the process exit")
-    ports = [int(server.env["PREFIXDESK_TIER_PORT"]) + i for i in range(2)]
 
     def both_up() -> bool:
         try:
-            return all(httpx.get(f"http://127.0.0.1:{p}/healthz", timeout=5).status_code == 200 for p in ports)
+            return all(httpx.get(w.health_url, timeout=5).status_code == 200 for w in tier.plan.workers)
         except httpx.HTTPError:
             return False
 
@@ -126,7 +143,7 @@ def test_a_killed_process_is_started_again_and_its_browser_goes_on(tier, browser
 
 
 def test_v1_answers_through_the_proxy(tier):
-    server, _ = tier
+    server = tier.server
     body = {"model": "support-en", "messages": [{"role": "user", "content": f"Hello {tag()}"}], "max_tokens": 8}
     response = httpx.post(server.url + "v1/chat/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
@@ -146,7 +163,7 @@ def test_a_restarted_server_breaks_nothing_on_an_open_page(tier, browser, tmp_pa
     though the new server never listed it for this page, the next message continues the open conversation, and
     while the server is down the page says so in the customer's language. The server is ``python -m app`` on the
     tier's engine (a web process starts in seconds; the engine's own restart has tests/web/test_faults.py)."""
-    engine_url = f"http://127.0.0.1:{int(tier[0].env['PREFIXDESK_TIER_PORT']) + 2}"  # after the two web processes
+    engine_url = tier.plan.engine.url
     env = app_env(tmp_path, ui_language="zh", engine="remote", engine_url=engine_url, replica_urls=engine_url,
                   engine_api_key=ENGINE_KEY, warm_on_start=False)  # (nothing here needs a warm cache)
     server = AppProcess(env)
