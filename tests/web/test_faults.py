@@ -6,14 +6,12 @@ import signal
 import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
 import sqlite_utils
 from gradio_client import Client
 
-from tests.helpers import early
 from tests.helpers.chat_page import tag
 from tests.helpers.servers import AppProcess, ROOT, app_env, slow_answers
 from tests.helpers.waiting import wait_until
@@ -38,30 +36,19 @@ STALL_S = 10
 BROKE_OFF = "The answer broke off: the model stopped unexpectedly and is restarting; please retry in a moment."
 
 
-def start_faulty(data_dir) -> AppProcess:
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory):
     """One server for an engine that dies and one that hangs, each mid-answer (answers stream for 15 s or more), and
     for a SIGTERM under answers in progress, which ends it (the module's last test)."""
     # A stall timeout of 10 s, not less: after a restart the next question's whole prefill is one engine step, and a
     # busy machine (two busy loops beside the suite) once held such a step past a 3-s timeout: a second restart.
-    return AppProcess(app_env(data_dir, engine_stall_timeout_s=STALL_S, warm_on_start=False, **slow_answers()))
-
-
-early.register("faulty", start_faulty)
-
-
-@pytest.fixture(scope="module")
-def faulty(tmp_path_factory):
-    """The server of ``start_faulty``, and its database."""
-    server = early.take("faulty", tmp_path_factory.mktemp)
+    data = tmp_path_factory.mktemp("faults")
+    server = AppProcess(app_env(data, engine_stall_timeout_s=STALL_S, warm_on_start=False, **slow_answers()))
     try:
         server.wait_ready()
-        yield server, sqlite_utils.Database(data_dir(server) / "prefixdesk.db")
+        yield server, sqlite_utils.Database(data / "prefixdesk.db")
     finally:
         assert server.stop() == 0
-
-
-def data_dir(server: AppProcess) -> Path:
-    return Path(server.env["PREFIXDESK_DATA_DIR"])
 
 
 def test_killed_engine_core_is_reported_stored_and_restarted(faulty):
@@ -166,27 +153,13 @@ STEP_PAUSE_MS = 700
 PREFILL_STALL_S = 10
 
 
-def start_prefilling(data_dir) -> AppProcess:
-    """A server whose engine prefills PREFILL_CHUNK tokens a step, each step held STEP_PAUSE_MS, with nothing warm:
-    the first question's prefill is all of it."""
-    return AppProcess(app_env(data_dir, engine_stall_timeout_s=PREFILL_STALL_S, engine_step_delays=True,
-                              step_delay_ms=STEP_PAUSE_MS, max_num_seqs=PREFILL_CHUNK,
-                              max_num_batched_tokens=PREFILL_CHUNK, max_tokens=4, ignore_eos=True, warm_on_start=False))
-
-
-early.register("prefilling", start_prefilling)
-
-
-@pytest.fixture()
-def prefilling(tmp_path_factory) -> AppProcess:
-    """The server of ``start_prefilling`` (its test stops it)."""
-    return early.take("prefilling", tmp_path_factory.mktemp)
-
-
-def test_a_prefill_longer_than_the_stall_timeout_is_progress_and_a_silent_core_is_not(prefilling):
+def test_a_prefill_longer_than_the_stall_timeout_is_progress_and_a_silent_core_is_not(tmp_path):
     """The watchdog tells a busy engine from a dead one: a cold prefill that outlasts the stall timeout, step by
     step, is answered and restarts nothing; the same engine, stopped in a prefill, is reported and restarted."""
-    server = prefilling
+    server = AppProcess(app_env(tmp_path, engine_stall_timeout_s=PREFILL_STALL_S, engine_step_delays=True,
+                                step_delay_ms=STEP_PAUSE_MS, max_num_seqs=PREFILL_CHUNK,
+                                max_num_batched_tokens=PREFILL_CHUNK, max_tokens=4, ignore_eos=True,
+                                warm_on_start=False))  # nothing warm: the first question's prefill is all of it
     core = None
     try:
         server.wait_ready()
@@ -209,7 +182,7 @@ def test_a_prefill_longer_than_the_stall_timeout_is_progress_and_a_silent_core_i
         if core is not None and core.is_running():
             core.kill()
         assert server.stop() == 0
-    db = sqlite_utils.Database(data_dir(server) / "prefixdesk.db")
+    db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
     answers = list(db["messages"].rows_where("role = 'assistant'", order_by="id"))
     assert [a["status"] for a in answers] == ["ok", "error"]
     assert (answers[0]["output_tokens"], answers[0]["num_cached_tokens"], answers[0]["ttft_ms"]) == (

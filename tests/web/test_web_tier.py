@@ -21,7 +21,6 @@ from playwright.sync_api import Error as PlaywrightError
 from app.cluster.tier import TierPlan, plan_tier
 from app.settings import load_settings
 
-from tests.helpers import early
 from tests.helpers.browser import DESKTOP, screenshot
 from tests.helpers.chat_page import ANSWERS, READY, caption, conversation, faults, open_chat, tag
 from tests.helpers.cluster import free_port_run
@@ -39,23 +38,17 @@ class Tier:
     plan: TierPlan  # where the product puts each process (the same settings plan the same ports)
 
 
-def start_tier(data_dir) -> AppProcess:
-    """Two web processes behind Caddy over one vllm serve, in English, with the answers short."""
-    return AppProcess(app_env(data_dir, web_processes=2, tier_port=free_port_run(4), ui_language="en",
-                              rate_limit_per_minute=0, max_streams_per_client=0, max_connections_per_client=0,
-                              max_tokens=16, engine_api_key=ENGINE_KEY))
-
-
-early.register("tier", start_tier)
-
-
 @pytest.fixture(scope="module")
 def tier(tmp_path_factory):
-    server = early.take("tier", tmp_path_factory.mktemp)
-    plan = plan_tier(load_settings(environ=server.env), "model", processes=2, gpu_count=0, cpus=(0, 1))
+    """Two web processes behind Caddy over one vllm serve, in English, with the answers short; and its plan."""
+    data = tmp_path_factory.mktemp("tier")
+    env = app_env(data, web_processes=2, tier_port=free_port_run(4), ui_language="en", rate_limit_per_minute=0,
+                  max_streams_per_client=0, max_connections_per_client=0, max_tokens=16, engine_api_key=ENGINE_KEY)
+    server = AppProcess(env)
+    plan = plan_tier(load_settings(environ=env), "model", processes=2, gpu_count=0, cpus=(0, 1))
     try:
         server.wait_ready(START_TIMEOUT_S)
-        yield Tier(server, Path(server.env["PREFIXDESK_DATA_DIR"]), plan)
+        yield Tier(server, data, plan)
     finally:
         assert server.stop() == 0, server.log()
     for use in plan.ports:  # the proxy, both processes, the engine and its KV events are gone
