@@ -18,6 +18,7 @@ import pytest
 import sqlite_utils
 from playwright.sync_api import Error as PlaywrightError
 
+from app.cluster.processes import check_ports
 from app.cluster.tier import TierPlan, plan_tier
 from app.settings import load_settings
 
@@ -51,9 +52,7 @@ def tier(tmp_path_factory):
         yield Tier(server, data, plan)
     finally:
         assert server.stop() == 0, server.log()
-    for use in plan.ports:  # the proxy, both processes, the engine and its KV events are gone
-        with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{use.port}/", timeout=5)
+    check_ports(plan)  # the proxy, both processes, the engine and its KV events are gone: their ports are free
 
 
 def process_of(page) -> int:
