@@ -27,6 +27,28 @@ from tests.helpers.waiting import wait_until  # noqa: E402
 
 collect_ignore = ["real_model"]  # `make test-real-model` runs those, on the real model it prepares
 
+# `make test` runs two pytest-xdist workers (pyproject.toml's addopts: `-n 2 --dist loadgroup`): a third of a run's
+# time the two cores stood idle while one test waited for a timeout, a paced answer or a restart, and the other
+# worker's tests take that time. Each work unit below goes to one worker whole, so a module's fixtures start once,
+# and so do the expensive session fixtures that several modules share (each worker has its own session engine,
+# server and browser).
+SHARED_FIXTURES = ("cluster", "tiny_models", "edge", "proxied", "limited")
+# The longest units go out first (the scheduler hands units out in collection order, two to each worker, then one
+# whenever a worker is nearly done), so that no long unit starts last while the other worker sits idle.
+LONGEST_FIRST = ("cluster", "tiny_models", "tests/web/test_web_tier.py", "tests/web/test_faults.py", "edge",
+                 "tests/bench/test_bench.py", "tests/engine/test_eviction.py", "proxied")
+
+
+def pytest_collection_modifyitems(config, items):
+    def unit(item) -> str:
+        return next((name for name in SHARED_FIXTURES if name in item.fixturenames), item.nodeid.split("::")[0])
+
+    units = {item.nodeid: unit(item) for item in items}
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(units[item.nodeid], len(rank)))  # stable: each module's order is kept
+
 
 @pytest.fixture(scope="session")
 def engine_loop():
