@@ -40,14 +40,44 @@ LONGEST_FIRST = ("cluster", "tiny_models", "tests/web/test_web_tier.py", "tests/
 
 
 def pytest_collection_modifyitems(config, items):
-    def unit(item) -> str:
-        return next((name for name in SHARED_FIXTURES if name in item.fixturenames), item.nodeid.split("::")[0])
-
-    units = {item.nodeid: unit(item) for item in items}
+    used: dict[str, set[str]] = {}  # module -> the shared fixtures its tests use
+    for item in items:
+        used.setdefault(item.module.__name__, set()).update(set(item.fixturenames) & set(SHARED_FIXTURES))
+    units = {item.nodeid: next((name for name in SHARED_FIXTURES if name in used[item.module.__name__]),
+                               item.nodeid.split("::")[0]) for item in items}
     for item in items:
         item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(units[item.nodeid], len(rank)))  # stable: each module's order is kept
+    _LAST_USER.update({name: item.nodeid for item in items for name in _STOPPABLE if name in item.fixturenames})
+
+
+# Servers that session fixtures start for a few modules stop when the last test of the run that uses them ends, not
+# with the session: an idle server's Gradio queues and timers take a few percent of a core for the rest of the run.
+# A worker runs its unit's tests in collection order, and each of these fixtures' tests are in one unit.
+_STOPPABLE = ("edge", "proxied", "limited")
+_LAST_USER: dict[str, str] = {}  # fixture -> the node id of the last test that uses it
+_STOP_AFTER_LAST_USE: dict[str, Callable[[], None]] = {}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    for name in [name for name in _STOP_AFTER_LAST_USE if _LAST_USER.get(name) == item.nodeid]:
+        _STOP_AFTER_LAST_USE.pop(name)()
+
+
+def _stopped_after_last_use(name: str, stop: Callable[[], None]) -> Callable[[], None]:
+    """``stop``, run once: after the last test that uses the fixture ``name``, or at the fixture's own end."""
+    stopped = []
+
+    def once() -> None:
+        if not stopped:
+            stopped.append(True)
+            stop()
+
+    _STOP_AFTER_LAST_USE[name] = once
+    return once
 
 
 @pytest.fixture(scope="session")
@@ -213,18 +243,27 @@ def console(services):
 @pytest.fixture(scope="session")
 def proxied(services, engine_loop, tmp_path_factory):
     """A server behind a trusted reverse proxy on 127.0.0.1 that names tenants in X-Tenant, with an operator."""
-    with SecondServer(services, engine_loop, tmp_path_factory.mktemp("proxied"), trusted_proxies="127.0.0.1",
-                      tenant_header="X-Tenant", admin_password="operator passphrase 9",
-                      admin_login_attempts=3) as url:
+    server = SecondServer(services, engine_loop, tmp_path_factory.mktemp("proxied"), trusted_proxies="127.0.0.1",
+                          tenant_header="X-Tenant", admin_password="operator passphrase 9", admin_login_attempts=3)
+    url = server.__enter__()
+    stop = _stopped_after_last_use("proxied", lambda: server.__exit__(None, None, None))
+    try:
         yield url
+    finally:
+        stop()
 
 
 @pytest.fixture(scope="session")
 def limited(services, engine_loop, tmp_path_factory):
     """A server with the per-client limits an operator would set: 3 messages a minute, 2 streams at once."""
-    with SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
-                      max_streams_per_client=2, max_tokens=600) as url:
+    server = SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
+                          max_streams_per_client=2, max_tokens=600)
+    url = server.__enter__()
+    stop = _stopped_after_last_use("limited", lambda: server.__exit__(None, None, None))
+    try:
         yield url
+    finally:
+        stop()
 
 
 @pytest.fixture(scope="session")
@@ -233,11 +272,12 @@ def edge(tmp_path_factory):
     can be counted), started with a soft file limit of 1,024, with an operator and tight connection limits."""
     server = AppProcess(app_env(tmp_path_factory.mktemp("edge"), admin_password=EDGE_OPERATOR[1],
                                 **{k: str(v) for k, v in EDGE_LIMITS.items()}), nofile_soft=1024)
+    stop = _stopped_after_last_use("edge", server.stop)
     try:
         server.wait_ready()
         yield server
     finally:
-        server.stop()
+        stop()
 
 
 # -- the Baichuan2 plugin's tests ---------------------------------------------------------------------------
