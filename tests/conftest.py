@@ -49,13 +49,12 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(units[item.nodeid], len(rank)))  # stable: each module's order is kept
-    _LAST_USER.update({name: item.nodeid for item in items for name in _STOPPABLE if name in item.fixturenames})
+    _LAST_USER.update({name: item.nodeid for item in items for name in SHARED_FIXTURES if name in item.fixturenames})
 
 
 # Servers that session fixtures start for a few modules stop when the last test of the run that uses them ends, not
 # with the session: an idle server's Gradio queues and timers take a few percent of a core for the rest of the run.
-# A worker runs its unit's tests in collection order, and each of these fixtures' tests are in one unit.
-_STOPPABLE = ("edge", "proxied", "limited")
+# A worker runs its unit's tests in collection order, and each shared fixture's tests are in one unit.
 _LAST_USER: dict[str, str] = {}  # fixture -> the node id of the last test that uses it
 _STOP_AFTER_LAST_USE: dict[str, Callable[[], None]] = {}
 
@@ -243,23 +242,23 @@ def console(services):
 @pytest.fixture(scope="session")
 def proxied(services, engine_loop, tmp_path_factory):
     """A server behind a trusted reverse proxy on 127.0.0.1 that names tenants in X-Tenant, with an operator."""
-    server = SecondServer(services, engine_loop, tmp_path_factory.mktemp("proxied"), trusted_proxies="127.0.0.1",
-                          tenant_header="X-Tenant", admin_password="operator passphrase 9", admin_login_attempts=3)
-    url = server.__enter__()
-    stop = _stopped_after_last_use("proxied", lambda: server.__exit__(None, None, None))
-    try:
-        yield url
-    finally:
-        stop()
+    yield from _served_until_last_use("proxied", SecondServer(
+        services, engine_loop, tmp_path_factory.mktemp("proxied"), trusted_proxies="127.0.0.1",
+        tenant_header="X-Tenant", admin_password="operator passphrase 9", admin_login_attempts=3))
 
 
 @pytest.fixture(scope="session")
 def limited(services, engine_loop, tmp_path_factory):
     """A server with the per-client limits an operator would set: 3 messages a minute, 2 streams at once."""
-    server = SecondServer(services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3,
-                          max_streams_per_client=2, max_tokens=600)
+    yield from _served_until_last_use("limited", SecondServer(
+        services, engine_loop, tmp_path_factory.mktemp("limited"), rate_limit_per_minute=3, max_streams_per_client=2,
+        max_tokens=600))
+
+
+def _served_until_last_use(name: str, server: SecondServer):
+    """The URL of ``server`` (a SecondServer, entered here) for the fixture ``name``, stopped after its last test."""
     url = server.__enter__()
-    stop = _stopped_after_last_use("limited", lambda: server.__exit__(None, None, None))
+    stop = _stopped_after_last_use(name, lambda: server.__exit__(None, None, None))
     try:
         yield url
     finally:
