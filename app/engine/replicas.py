@@ -2,7 +2,9 @@
 
 Every replica is a ``vllm serve`` process. A background thread asks each one for ``/health`` and
 ``/metrics`` once a second and keeps the latest answer; a replica that does not answer is shown
-down with the reason, and its last numbers are kept for the totals. vLLM's own metric names are
+down with the reason, and its last numbers are kept for the totals. A replica that only answers
+late (a busy machine) stays up, with its numbers and its mirror, until it has answered nothing in
+time for SLOW_BEFORE_DOWN_S; one that refuses the connection is down at once. vLLM's own metric names are
 read (``vllm:prefix_cache_queries_total``, ``vllm:kv_cache_usage_perc``, ...), so an operator can
 match every number to vLLM's docs. Each replica may also publish its KV-cache events; then it has
 a ``ResidencyMirror`` of its own, and ``ClusterResidency`` answers for all of them together.
@@ -27,6 +29,7 @@ log = logging.getLogger(__name__)
 
 SCRAPE_INTERVAL_S = 1.0
 SCRAPE_TIMEOUT_S = 2.0
+SLOW_BEFORE_DOWN_S = 10.0  # scrapes timing out for this long before an up replica is shown down
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -69,6 +72,7 @@ class Replicas:
         self._window: collections.deque = collections.deque()
         self._max_running_seen = 0
         self._seen_up: set[str] = set()
+        self._late_since: dict[str, float] = {}  # up replicas whose scrapes time out, since when
         self.recoveries = 0  # replicas that answered again after being down
         self.mirrors: dict[str, ResidencyMirror] = {}
         self._stop = threading.Event()
@@ -81,6 +85,10 @@ class Replicas:
         with self._lock:
             queries = hits = 0
             for url, result in results.items():
+                if isinstance(result, _Late) and not self._reasons[url]:
+                    if now - self._late_since.setdefault(url, now) < SLOW_BEFORE_DOWN_S:
+                        continue  # slow, not down: its last numbers and its cache stand
+                self._late_since.pop(url, None)
                 if isinstance(result, str):
                     if not self._reasons[url] and url in self.mirrors:
                         self.mirrors[url].clear()  # a replica that went down lost its cache
@@ -194,9 +202,15 @@ class Replicas:
                 return f"/health answered {health.status_code}: its engine is not running"
             response = self._http.get(f"{url}/metrics")
             response.raise_for_status()
+        except httpx.TimeoutException as exc:
+            return _Late(f"not answering ({type(exc).__name__})")
         except httpx.HTTPError as exc:
             return f"not answering ({type(exc).__name__})"
         return parse_metrics(response.text)
+
+
+class _Late(str):
+    """Why a replica is down, where its scrape timed out: it may only be slow."""
 
 
 def replica_urls(base_url: str, configured: str = "", *, headers: Mapping[str, str] | None = None) -> list[str]:

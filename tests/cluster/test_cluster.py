@@ -502,7 +502,9 @@ def test_the_console_shows_both_replicas(cluster_app, cluster, browser, whole):
     # The table's cells, as shown (the Dataframe also renders a hidden copy of each cell to size its columns).
     for replica in cluster.replica_urls:
         table.get_by_text(replica).filter(visible=True).first.wait_for(timeout=90_000)
-    assert table.get_by_text("正常").filter(visible=True).count() == 2
+    # Both up, as of the table's latest refresh (a replica is shown down only past its scrapes' bound).
+    wait_until(lambda: table.get_by_text("正常").filter(visible=True).count() == 2, 90, "both replicas shown up",
+               poll_s=0.5)
     page.locator("#cache-tree").get_by_text("support-en").filter(visible=True).first.wait_for(timeout=90_000)
     from tests.helpers.servers import OUTPUT_DIR
 
