@@ -158,13 +158,35 @@ def admin_page(browser, server_url: str, account: tuple[str, str], *, width: int
     given: Gradio's own texts follow the browser's language); a tab of ``context`` when given."""
     page = context.new_page() if context is not None else \
         browser.new_page(viewport={"width": width, "height": height}, **({"locale": locale} if locale else {}))
+    lost = _lost_loads(page)
     page.goto(server_url + "admin")
     page.locator("#username").fill(account[0])
     page.locator("#password").fill(account[1])
     page.locator("button[type=submit]").click()
     page.wait_for_url(server_url + "admin/")
-    page.locator("#templates-table").wait_for(timeout=120_000)
+    try:
+        page.locator("#templates-table").wait_for(timeout=90_000)
+    except PlaywrightTimeoutError:
+        # The page came but the console was never drawn: one of its scripts or its config was lost on a starved
+        # machine. Loaded again, as an operator would; a console that cannot be drawn fails the second time too.
+        warnings.warn(f"the console was drawn only after a reload; lost on the first load: {lost or 'nothing seen'}",
+                      stacklevel=2)
+        page.reload()
+        try:
+            page.locator("#templates-table").wait_for(timeout=120_000)
+        except PlaywrightTimeoutError as error:
+            raise AssertionError(f"the console was never drawn; lost loads: {lost}; the page shows: "
+                                 f"{page.locator('body').inner_text()[:500]!r}") from error
     return page
+
+
+def _lost_loads(page) -> list[str]:
+    """What the page asked for and did not get (a failed request, an error status, a script's error), as seen."""
+    lost: list[str] = []
+    page.on("requestfailed", lambda r: lost.append(f"{r.url} failed ({r.failure})"))
+    page.on("response", lambda r: r.status >= 400 and lost.append(f"{r.url} answered {r.status}"))
+    page.on("pageerror", lambda e: lost.append(f"script error {e}"))
+    return lost
 
 
 # The console's tabs (admin/ui.py's ids, in order) and an element each shows once its load has filled it.
