@@ -15,6 +15,7 @@ import threading
 from collections.abc import Callable, Coroutine
 
 import pytest
+from _pytest.nodeid import coerce_node_id
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
@@ -43,12 +44,17 @@ def pytest_collection_modifyitems(config, items):
     used: dict[str, set[str]] = {}  # module -> the shared fixtures its tests use
     for item in items:
         used.setdefault(item.module.__name__, set()).update(set(item.fixturenames) & set(SHARED_FIXTURES))
-    units = {item.nodeid: next((name for name in SHARED_FIXTURES if name in used[item.module.__name__]),
-                               item.nodeid.split("::")[0]) for item in items}
+    unit = {item: next((name for name in SHARED_FIXTURES if name in used[item.module.__name__]),
+                       item.nodeid.split("::")[0]) for item in items}
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(units[item.nodeid]))
+        item.add_marker(pytest.mark.xdist_group(unit[item]))
+        if getattr(config.option, "loadgroup", False):
+            # pytest-xdist 3.8 names a test's unit by suffixing its node id ("…::test@unit") through
+            # ``item._nodeid``, which pytest 9.2 no longer reads (it keeps ``_id``): every test was its own unit,
+            # so a module's tests, and the cluster's, were spread over both workers, each starting its own copy.
+            item._id = coerce_node_id(f"{item.nodeid}@{unit[item]}")
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(units[item.nodeid], len(rank)))  # stable: each module's order is kept
+    items.sort(key=lambda item: rank.get(unit[item], len(rank)))  # stable: each module's order is kept
     _LAST_USER.update({name: item.nodeid for item in items for name in SHARED_FIXTURES if name in item.fixturenames})
 
 
@@ -296,3 +302,4 @@ def tiny_models(tmp_path_factory):
     from tests.helpers.baichuan import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny-baichuan"))
+
