@@ -6,6 +6,7 @@ ends an answer: a reload mid-answer follows it to its end."""
 import time
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from app.core.desk import STOPPED
 from tests.helpers.browser import DESKTOP, PHONE, screenshot
@@ -38,10 +39,19 @@ def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> d
     if at_once:
         page.locator("#chatbot [data-testid=user]").nth(index).wait_for(timeout=90_000)
     else:
-        page.wait_for_function("""(i) => {
-            const g = document.querySelectorAll('#chatbot .message.bot')[i];
-            return g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
-        }""", arg=index, polling=20, timeout=120_000)
+        try:
+            page.wait_for_function("""(i) => {
+                const g = document.querySelectorAll('#chatbot .message.bot')[i];
+                return g && !g.querySelector('.thought-group') && g.innerText.trim().length > 0;
+            }""", arg=index, polling=20, timeout=120_000)
+        except PlaywrightTimeoutError as error:  # what was lost on the way: the question, its answer, or the page
+            shown = page.evaluate("""() => ({user: document.querySelectorAll('#chatbot [data-testid=user]').length,
+                bot: [...document.querySelectorAll('#chatbot .message.bot')].map(g => g.innerText.slice(0, 80))})""")
+            stored = [(r["role"], r["status"]) for r in db.query(
+                "select role, status from messages where conversation_id in (select conversation_id from messages "
+                "where role = 'user' and text = ?) order by id", [question])]
+            raise AssertionError(f"Stop {index}: no first text in 120 s; the page shows {shown}, stores {stored}, "
+                                 f"faults {faults(page)}") from error
     page.locator("#stop").click(force=True)
     caption(page, index).filter(has_text="Stopped").wait_for(timeout=120_000)  # once the stop is stored
     rows = conversation(db, question)
