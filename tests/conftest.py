@@ -302,4 +302,3 @@ def tiny_models(tmp_path_factory):
     from tests.helpers.baichuan import build_tiny_models
 
     return build_tiny_models(tmp_path_factory.mktemp("tiny-baichuan"))
-

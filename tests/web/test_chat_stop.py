@@ -47,9 +47,10 @@ def stop_one(page, db, question: str, index: int, *, at_once: bool = False) -> d
         except PlaywrightTimeoutError as error:  # what was lost on the way: the question, its answer, or the page
             shown = page.evaluate("""() => ({user: document.querySelectorAll('#chatbot [data-testid=user]').length,
                 bot: [...document.querySelectorAll('#chatbot .message.bot')].map(g => g.innerText.slice(0, 80))})""")
-            stored = [(r["role"], r["status"]) for r in db.query(
-                "select role, status from messages where conversation_id in (select conversation_id from messages "
-                "where role = 'user' and text = ?) order by id", [question])]
+            try:
+                stored = [(r["role"], r["status"]) for r in conversation(db, question)]
+            except ValueError:  # the question itself never stored
+                stored = []
             raise AssertionError(f"Stop {index}: no first text in 120 s; the page shows {shown}, stores {stored}, "
                                  f"faults {faults(page)}") from error
     page.locator("#stop").click(force=True)
