@@ -129,14 +129,14 @@ def test_a_request_whose_body_does_not_arrive_in_time_is_answered_408(services, 
             s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: desk\r\nContent-Type: application/json\r\n"
                       b"Content-Length: 200\r\n\r\n{\"model\": ")
             started = time.monotonic()
-            s.settimeout(15)
+            s.settimeout(60)  # a wait for the answer, not a bound on it: the body names the timer that closed it
             answer = b""
             while chunk := s.recv(4096):
                 answer += chunk
             waited_s = time.monotonic() - started
         assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
         assert answer.endswith(b'{"detail":"The request did not arrive within 1 s; send it again."}')
-        assert 0.9 <= waited_s < 10
+        assert waited_s >= 0.9  # never before the timeout (a stalled machine only answers later)
 
 
 def test_answers_that_stream_longer_than_the_arrival_timeout_are_not_cut(services, engine_loop, tmp_path):
