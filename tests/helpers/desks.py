@@ -83,3 +83,7 @@ class HeldAnswers:
 
     def release(self) -> None:
         self._released.set()
+
+    def hold_again(self) -> None:
+        """Hold the answers that start from now on, as before the release (call it once the released ones ended)."""
+        self._released.clear()
