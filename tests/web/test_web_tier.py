@@ -163,12 +163,19 @@ def test_a_restarted_server_breaks_nothing_on_an_open_page(tier, browser, tmp_pa
         server.wait_ready()
         page = open_chat(browser, server.url, DESKTOP)
         earlier, open_q = f"发票怎么开？{tag()}", f"退货运费谁出？{tag()}"
+        db = sqlite_utils.Database(tmp_path / "prefixdesk.db")
         for question in (earlier, open_q):
             page.locator("#new-conversation").click()
             box = page.locator("#message textarea")
             box.fill(question)
             box.press("Enter")
+            # This question alone on the page, then its caption: a busy page may still show the last conversation
+            # (and its caption) for a while after the click, and the server must not stop before this answer ends.
+            page.wait_for_function("(q) => [...document.querySelectorAll('#chatbot [data-testid=user]')]"
+                                   ".map(m => m.innerText.trim()).join() === q", arg=question, timeout=90_000)
             caption(page, 0).wait_for(timeout=120_000)
+            assert [(r["role"], r["status"]) for r in conversation(db, question)] == [("user", "ok"),
+                                                                                     ("assistant", "ok")]
         box.press_sequentially("还有一个问题没发")
         assert server.stop() == 0
 
@@ -198,7 +205,7 @@ def test_a_restarted_server_breaks_nothing_on_an_open_page(tier, browser, tmp_pa
         box.fill(follow_up)
         box.press("Enter")
         caption(page, 1).wait_for(timeout=120_000)
-        rows = conversation(sqlite_utils.Database(tmp_path / "prefixdesk.db"), earlier)
+        rows = conversation(db, earlier)
         assert [(r["role"], r["text"] if r["role"] == "user" else r["status"]) for r in rows] == [
             ("user", earlier), ("assistant", "ok"), ("user", follow_up), ("assistant", "ok")]
         assert questions_shown(page) == [earlier, follow_up]
