@@ -8,6 +8,7 @@ with the end of its log in the message.
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import socket
@@ -92,7 +93,9 @@ class Cluster:
                 with urllib.request.urlopen(spec.health_url, timeout=2) as response:
                     if response.status == 200:
                         return
-            except (OSError, urllib.error.URLError):
+            except (OSError, http.client.HTTPException):
+                # Not listening yet. Or, before it listens, a poll whose source port is the health port connected to
+                # itself (TCP's simultaneous open, within the ephemeral range) and read its own request back.
                 pass
             time.sleep(HEALTH_POLL_S)
         raise ClusterError(f"{spec.name} did not answer {spec.health_url} within {timeout_s:.0f} s; its log "

@@ -141,6 +141,7 @@ class AppProcess:
         wait_until(self._healthy, timeout, lambda: f"the server to answer /healthz:\n{self.log()}", poll_s=0.5)
 
     def _healthy(self) -> bool:
+        import http.client
         import urllib.request
 
         if self.proc.poll() is not None:
@@ -148,7 +149,7 @@ class AppProcess:
         try:
             with urllib.request.urlopen(self.url + "healthz", timeout=2) as r:
                 return r.status == 200
-        except OSError:
+        except (OSError, http.client.HTTPException):  # not listening yet, or a poll connected to itself
             return False
 
     def stop(self, sig=None, timeout: float = 60) -> int:
